@@ -1,0 +1,40 @@
+"""trimtab: measured, not hand-set, stability bounds for deep Q-learning on non-stationary data.
+
+Importing this package never imports Triton; kernels load on first use on a CUDA tensor.
+Public names are loaded lazily from their modules on first access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "StateVector": "trimtab.state",
+    "Slot": "trimtab.state",
+    "LayoutMismatchError": "trimtab.state",
+    "AdaptiveEMA": "trimtab.estimate",
+    "abs_quantile": "trimtab.quantile",
+    "abs_quantiles": "trimtab.quantile",
+    "Sentinel": "trimtab.sentinel",
+    "NonFiniteError": "trimtab.sentinel",
+    "clamp_finite_": "trimtab.clamp",
+    "guard_": "trimtab.clamp",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trimtab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,77 @@
+"""Pointer tables: one int64 tensor of data pointers so one launch can read many tensors.
+
+Building a table copies host integers to the device, which a CUDA graph cannot capture, so tables
+are cached by the tensors' (pointer, numel, dtype) signature: after a warm-up call, a loop over
+the same buffers builds nothing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+# Element dtype codes understood by the kernels (see ``load_as_f32`` in each kernel file).
+DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class PointerTable:
+    """Device arrays describing ``len(tensors)`` contiguous tensors for one launch.
+
+    ``ptrs[i]`` is tensor i's data pointer, ``numels[i]`` its element count and ``block_start``
+    the prefix sum of blocks per tensor (``block_start[i]`` is the first program of tensor i,
+    ``block_start[-1]`` the grid size) for a grid of ``block``-element programs, and
+    ``block_tensor[p]`` the tensor that program ``p`` reads (its element offset inside that
+    tensor is ``(p - block_start[block_tensor[p]]) * block``). An empty tensor still gets one
+    program, so per-tensor outputs are always written.
+    """
+
+    ptrs: torch.Tensor
+    numels: torch.Tensor
+    block_start: torch.Tensor
+    block_tensor: torch.Tensor
+    num_blocks: int
+    block: int
+    count: int
+
+
+_cache: OrderedDict[tuple, PointerTable] = OrderedDict()
+
+
+def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
+    """The (cached) pointer table of ``tensors``, which must be contiguous and on one device."""
+    key = (block, *((t.data_ptr(), t.numel(), t.dtype, t.device) for t in tensors))
+    table = _cache.get(key)
+    if table is not None:
+        _cache.move_to_end(key)
+        return table
+    device = tensors[0].device
+    numels = [t.numel() for t in tensors]
+    blocks = [max(1, -(-n // block)) for n in numels]
+    starts = [0]
+    for b in blocks:
+        starts.append(starts[-1] + b)
+    host = torch.tensor(
+        [[t.data_ptr() for t in tensors], numels, starts[:-1]], dtype=torch.int64
+    )
+    dev = host.to(device)
+    table = PointerTable(
+        ptrs=dev[0],
+        numels=dev[1],
+        block_start=torch.tensor(starts, dtype=torch.int64).to(device),
+        block_tensor=torch.repeat_interleave(
+            torch.arange(len(tensors), dtype=torch.int32), torch.tensor(blocks)
+        ).to(device),
+        num_blocks=starts[-1],
+        block=block,
+        count=len(tensors),
+    )
+    _cache[key] = table
+    if len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return table
