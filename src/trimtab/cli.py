@@ -1,0 +1,55 @@
+"""The ``trimtab`` command line: ``trimtab info`` now; ``train``, ``report`` and ``eval`` join it
+as the trainer lands. Errors a user can fix print as one line, without a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from collections.abc import Sequence
+
+from trimtab import __version__
+
+
+def _info(_: argparse.Namespace) -> int:
+    import torch
+
+    from trimtab._impl import interpreter_enabled, triton_available
+
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    triton = "not installed"
+    if triton_available():
+        import triton as _triton
+
+        triton = _triton.__version__
+    print(f"trimtab {__version__}")
+    print(f"python  {platform.python_version()}")
+    print(f"torch   {torch.__version__}")
+    print(f"triton  {triton}{' (interpreter)' if interpreter_enabled() else ''}")
+    print(f"cuda    {cuda}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trimtab",
+        description="Adaptive stability bounds and a sync-free NaN sentinel for deep Q-learning.",
+    )
+    parser.add_argument("--version", action="version", version=f"trimtab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    info = sub.add_parser("info", help="print versions and the devices trimtab can use")
+    info.set_defaults(func=_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 0
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
