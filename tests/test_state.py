@@ -140,3 +140,14 @@ def test_cuda_reads_and_resets_without_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert r.device.type == "cuda" and r.eq(0.25).all().item()
+
+
+def test_registers_its_fold_reset_with_the_active_lifecycle():
+    from trimtab import Lifecycle
+
+    with Lifecycle() as life:
+        sv = make()
+    sv.tensor.fill_(1.0)
+    life.fold_boundary()
+    assert torch.isnan(sv["target_bound"]) and sv["lr_scale"].item() == 1.0
+    assert "unset slots ['target_bound', 'weight_bound']; keep ['lr_scale']" in life.describe()[0]

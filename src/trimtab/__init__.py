@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "StateVector": "trimtab.state",
     "Slot": "trimtab.state",
     "LayoutMismatchError": "trimtab.state",
+    "Lifecycle": "trimtab.lifecycle",
     "AdaptiveEMA": "trimtab.estimate",
     "abs_quantile": "trimtab.quantile",
     "abs_quantiles": "trimtab.quantile",

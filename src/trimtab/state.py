@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import torch
 
+from trimtab.lifecycle import register
+
 __all__ = ["UNSET", "LayoutMismatchError", "Slot", "StateVector"]
 
 #: The value of a slot that no producer has written since construction or its last reset.
@@ -93,6 +95,14 @@ class StateVector:
             [s.reset == "unset" for s in self.slots for _ in range(s.size)],
             dtype=torch.bool,
             device=self.tensor.device,
+        )
+        unset = [s.name for s in self.slots if s.reset == "unset"]
+        kept = [s.name for s in self.slots if s.reset == "keep"]
+        register(
+            self,
+            "reset",
+            name=f"state_vector[{self.fingerprint}]",
+            what=f"unset slots {unset}; keep {kept}",
         )
 
     # --- layout ---------------------------------------------------------------------------
