@@ -1,0 +1,225 @@
+"""The sentinel's device bookkeeping and its pure-PyTorch reference check.
+
+Shared by :mod:`trimtab.sentinel` (check) and :mod:`trimtab.clamp` (guard_); the Triton kernels in
+``trimtab.kernels.sentinel`` / ``.clamp`` write exactly the records the reference writes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from trimtab.sentinel import Rule
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+KIND_NAMES = {1: "nan", 2: "inf", 3: "threshold"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Cached per-launch device metadata (building it copies host data: warm-up only)."""
+
+    entry_slot: torch.Tensor  # int32 [k]: slot of each checked tensor
+    entry_index: torch.Tensor  # int64 [k]: the same, for index_select/index_copy_
+    entry_code: torch.Tensor  # int32 [k]: dtype code
+    entry_phase: torch.Tensor  # int64 [k]: counter index of each tensor's phase
+    inc: torch.Tensor  # int64 [phases + 1]: added to the counters by this launch
+
+
+class SentinelState:
+    """Device tensors of a sentinel with ``n`` slots and ``P`` phases.
+
+    ``rec`` int64 [3, n]: (first-fire check number, 1-based, 0 = never; step; kind code);
+    ``value`` float64 [n]: max |x| at the first firing; ``counters`` int64 [P + 1]: checks per
+    phase, then checks of any kind (the global order); ``guard_steps`` int64 [n]: guard_ calls
+    per slot; ``thr_ptrs``/``factors``: where each slot's float32 threshold lives and its
+    factor; ``done`` int32 [n + 1]: arrival counters of the last-program pattern (zero between
+    launches); ``scratch_*``: per-program partials.
+    """
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.phases: list[str] = []
+        self.rules: list[Rule] = []
+        self.slot_phase: list[int] = []
+        self.tensors: dict[str, torch.Tensor] | None = None
+        self._launches: dict[tuple, Launch] = {}
+        self._thr_views: list[torch.Tensor] = []
+        self._stale = True
+
+    def adopt_device(self, device: torch.device, what: str) -> None:
+        if self.device is None:
+            self.device = device
+        elif device != self.device and not _same_device(device, self.device):
+            raise ValueError(f"{what} is on {device}, but the sentinel is on {self.device}")
+
+    def add_slot(self, rule: Rule, phase: str) -> None:
+        if phase not in self.phases:
+            self.phases.append(phase)
+        self.rules.append(rule)
+        self.slot_phase.append(self.phases.index(phase))
+        self._launches.clear()
+        self._stale = True
+
+    def materialize(self) -> dict[str, torch.Tensor]:
+        """The device tensors, (re)built after slots were added, keeping every record."""
+        if self.tensors is not None and not self._stale:
+            return self.tensors
+        if self.device is None:
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev, n, p = self.device, len(self.rules), len(self.phases)
+        old = self.tensors
+        t = {
+            "rec": torch.zeros(3, n, dtype=torch.int64, device=dev),
+            "value": torch.zeros(n, dtype=torch.float64, device=dev),
+            "counters": torch.zeros(p + 1, dtype=torch.int64, device=dev),
+            "guard_steps": torch.zeros(n, dtype=torch.int64, device=dev),
+            "done": torch.zeros(n + 1, dtype=torch.int32, device=dev),
+            "slot_phase": torch.tensor(self.slot_phase, dtype=torch.int32, device=dev),
+            "slot_index": torch.arange(n, dtype=torch.int64, device=dev),
+            "scratch_nan": torch.zeros(1, dtype=torch.int32, device=dev),
+            "scratch_max": torch.zeros(1, dtype=torch.float64, device=dev),
+        }
+        if old is not None:
+            k, q = old["value"].numel(), old["counters"].numel() - 1
+            t["rec"][:, :k].copy_(old["rec"])
+            t["value"][:k].copy_(old["value"])
+            t["guard_steps"][:k].copy_(old["guard_steps"])
+            t["counters"][:q].copy_(old["counters"][:q])
+            t["counters"][-1:].copy_(old["counters"][-1:])
+        literals = [
+            math.nan if isinstance(r.threshold, torch.Tensor) else r.threshold for r in self.rules
+        ]
+        t["literals"] = torch.tensor(literals, dtype=torch.float32, device=dev)
+        t["factors"] = torch.tensor([r.factor for r in self.rules], dtype=torch.float32, device=dev)
+        self._thr_views = [
+            r.threshold.reshape(()) if isinstance(r.threshold, torch.Tensor) else t["literals"][i]
+            for i, r in enumerate(self.rules)
+        ]
+        t["thr_ptrs"] = torch.tensor(
+            [v.data_ptr() for v in self._thr_views], dtype=torch.int64, device=dev
+        )
+        self.tensors = t
+        self._stale = False
+        return t
+
+    def launch(
+        self, phase: str | None, ids: Sequence[int], dtypes: Sequence[torch.dtype]
+    ) -> Launch:
+        key = (phase, tuple(ids), tuple(dtypes))
+        cached = self._launches.get(key)
+        if cached is not None:
+            return cached
+        dev = self.device
+        inc = [0] * (len(self.phases) + 1)
+        for i, name in enumerate(self.phases):
+            inc[i] = int(phase is None or name == phase)
+        inc[-1] = 1
+        phase_idx = [self.slot_phase[i] for i in ids]
+        launch = Launch(
+            entry_slot=torch.tensor(ids, dtype=torch.int32, device=dev),
+            entry_index=torch.tensor(ids, dtype=torch.int64, device=dev),
+            entry_code=torch.tensor([_CODES[d] for d in dtypes], dtype=torch.int32, device=dev),
+            entry_phase=torch.tensor(phase_idx, dtype=torch.int64, device=dev),
+            inc=torch.tensor(inc, dtype=torch.int64, device=dev),
+        )
+        self._launches[key] = launch
+        return launch
+
+    def thresholds(self, ids: Sequence[int]) -> list[torch.Tensor]:
+        """0-dim float32 views of the slots' thresholds (read when the check runs)."""
+        return [self._thr_views[i] for i in ids]
+
+    # --- reading -----------------------------------------------------------------------------
+    def fired(self) -> torch.Tensor:
+        if self.tensors is None:
+            return torch.zeros((), dtype=torch.bool, device=self.device)
+        return (self.tensors["rec"][0] > 0).any()
+
+    def records(self) -> list[tuple[int, int, int, int, float]]:
+        """(check number, slot, step, kind, value) of every fired slot; syncs."""
+        if self.tensors is None:
+            return []
+        rec = self.tensors["rec"].cpu().tolist()
+        value = self.tensors["value"].cpu().tolist()
+        return [
+            (rec[0][i], i, rec[1][i], rec[2][i], value[i])
+            for i in range(len(value))
+            if rec[0][i] > 0
+        ]
+
+    def steps(self) -> dict[str, int]:
+        if self.tensors is None:
+            return dict.fromkeys(self.phases, 0)
+        c = self.tensors["counters"].cpu().tolist()
+        return {name: c[i] for i, name in enumerate(self.phases)}
+
+    def reset(self) -> None:
+        if self.tensors is not None:
+            for key in ("rec", "value", "counters", "guard_steps"):
+                self.tensors[key].zero_()
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` name the same device when 0 is the current one."""
+    if a.type != b.type:
+        return False
+    current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (a.index if a.index is not None else current) == (
+        b.index if b.index is not None else current
+    )
+
+
+def abs_max_reference(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as a float64 0-dim tensor, NaN if any element is NaN, 0 for an empty tensor.
+
+    Reads ``x`` once (``x.numel() * x.element_size()`` bytes), like the kernel; no sync.
+    """
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, device=x.device)
+    return x.detach().abs().amax().to(torch.float64)
+
+
+def record_reference(
+    state: dict[str, torch.Tensor],
+    index: torch.Tensor,
+    amax: torch.Tensor,
+    step: torch.Tensor,
+    thr: torch.Tensor,
+    factor: torch.Tensor,
+) -> None:
+    """Record first firings of slots ``index`` (int64 [k], distinct) from their ``amax``
+    (float64 [k]) at ``step`` (int64 [k]); the check number is ``counters[-1] + 1``. No sync."""
+    rec = state["rec"]
+    gseq = state["counters"][-1]
+    has_nan, has_inf = torch.isnan(amax), torch.isinf(amax)
+    fired = has_nan | has_inf | (amax > thr.to(torch.float64) * factor.to(torch.float64))
+    kind = torch.where(has_nan, 1, torch.where(has_inf, 2, 3)).to(torch.int64)
+    prev = rec[0].index_select(0, index)
+    first = fired & (prev == 0)
+    rec[0].index_copy_(0, index, torch.where(first, gseq + 1, prev))
+    rec[1].index_copy_(0, index, torch.where(first, step, rec[1].index_select(0, index)))
+    rec[2].index_copy_(0, index, torch.where(first, kind, rec[2].index_select(0, index)))
+    value = state["value"]
+    value.index_copy_(0, index, torch.where(first, amax, value.index_select(0, index)))
+
+
+def check_reference(
+    tensors: Sequence[torch.Tensor],
+    launch: Launch,
+    state: dict[str, torch.Tensor],
+    thresholds: Sequence[torch.Tensor],
+) -> None:
+    """The torch reference of one check launch: per tensor one abs-amax, then the records."""
+    amax = torch.stack([abs_max_reference(t) for t in tensors])
+    thr = torch.stack(list(thresholds))
+    step = state["counters"].index_select(0, launch.entry_phase)
+    factor = state["factors"].index_select(0, launch.entry_index)
+    record_reference(state, launch.entry_index, amax, step, thr, factor)
+    state["counters"].add_(launch.inc)

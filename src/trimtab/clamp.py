@@ -1,0 +1,158 @@
+"""Sanitise-and-clamp in place, counting engagements; ``guard_`` checks into a sentinel slot first,
+in the same pass, so a check can never see sanitised data (design invariant 4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trimtab._impl import resolve_impl
+from trimtab._sentinel_state import SUPPORTED_DTYPES, abs_max_reference, record_reference
+from trimtab.sentinel import Sentinel
+
+__all__ = ["clamp_finite_", "guard_"]
+
+Bound = torch.Tensor | float
+
+
+def clamp_finite_(
+    x: torch.Tensor,
+    bound: Bound,
+    counter: torch.Tensor | None = None,
+    *,
+    impl: str | None = None,
+) -> torch.Tensor:
+    """In place: NaN and ±Inf become +0, finite values are clamped to ``[-bound, bound]``.
+
+    ``bound`` is a float or a 1-element float32 tensor on ``x``'s device (a state-vector slot
+    view, read by the kernel when it runs: no sync). An unset (NaN) bound clamps nothing: only
+    non-finite values are replaced. A negative tensor bound acts as 0 (a negative float raises).
+    Computation is in float32 (float64 for float64 ``x``); the bound is rounded to float32.
+
+    ``counter`` (optional, int64 on ``x``'s device) receives engagement counts:
+    ``counter[0] +=`` the number of *finite* elements that were clamped (``|x| > bound``), the
+    numerator of the clamp's engagement rate, which non-finite values say nothing about; if
+    ``counter`` has two elements, ``counter[1] +=`` the number of non-finite elements replaced.
+
+    Bytes moved: reads and writes ``x`` once (``2 * x.numel() * x.element_size()``). Returns x.
+    """
+    bound = _validate(x, bound, counter)
+    impl = _choose(impl, x, bound, counter)
+    if impl == "triton":
+        from trimtab.kernels.clamp import launch_clamp
+
+        launch_clamp(x, bound, counter)
+    else:
+        _clamp_reference_(x, bound, counter)
+    return x
+
+
+def guard_(
+    x: torch.Tensor,
+    bound: Bound,
+    sentinel: Sentinel,
+    name: str,
+    counter: torch.Tensor | None = None,
+    *,
+    impl: str | None = None,
+) -> torch.Tensor:
+    """Check ``x`` into sentinel slot ``name``, then :func:`clamp_finite_` it, in one pass.
+
+    The slot must have been added with no tensor (``sentinel.add(name, None, rule, phase)``):
+    guard_ feeds it. The check applies the slot's rule to the *unsanitised* ``x`` and records a
+    first firing exactly as :meth:`Sentinel.check` does, except for the step: a guarded slot's
+    step counts the earlier guard_ calls on that slot since the last reset (so for a buffer
+    guarded once per training step it is the training step). Each guard_ call also advances the
+    sentinel's global check number, so :meth:`Sentinel.report` orders guarded and checked slots
+    together. No sync; one kernel reads x once, records, and writes x. Returns x.
+    """
+    if not isinstance(sentinel, Sentinel):
+        raise TypeError(f"guard_: sentinel must be a Sentinel, got {type(sentinel).__name__}")
+    bound = _validate(x, bound, counter)
+    slot = sentinel._guard_target(name, x)
+    impl = _choose(impl, x, bound, counter)
+    sstate = sentinel._state
+    state = sstate.materialize()
+    if impl == "triton":
+        from trimtab.kernels.clamp import launch_clamp
+
+        launch_clamp(x, bound, counter, guard=(state, slot))
+    else:
+        index = state["slot_index"][slot : slot + 1]
+        step = state["guard_steps"][slot : slot + 1]
+        thr = sstate.thresholds([slot])[0].reshape(1)
+        factor = state["factors"][slot : slot + 1]
+        record_reference(state, index, abs_max_reference(x).reshape(1), step, thr, factor)
+        step.add_(1)
+        state["counters"][-1:].add_(1)
+        _clamp_reference_(x, bound, counter)
+    return x
+
+
+def _clamp_reference_(x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> None:
+    """The torch reference of the clamp: same arithmetic and dtype as the kernel, no sync."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = x.detach().to(acc)
+    a = y.abs()
+    finite = torch.isfinite(y)
+    if isinstance(bound, torch.Tensor):
+        b = bound.reshape(()).to(acc)
+        b = torch.where(b < 0, 0.0, b)
+        engaged = finite & (a > b)
+        clamped = torch.where(y > 0, b, -b)
+    else:
+        engaged = finite & (a > bound)
+        clamped = torch.full_like(y, bound).copysign_(torch.where(y > 0, 1.0, -1.0))
+    out = torch.where(finite, torch.where(engaged, clamped, y), 0.0)
+    x.detach().copy_(out)
+    if counter is not None:
+        counter[:1].add_(engaged.sum())
+        if counter.numel() == 2:
+            counter[1:].add_((~finite).sum())
+
+
+def _validate(x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> Bound:
+    """Check the arguments (host metadata only); return the bound, a float rounded to float32."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"x has dtype {x.dtype}; clamp_finite_ handles {[str(d) for d in SUPPORTED_DTYPES]}"
+        )
+    if isinstance(bound, torch.Tensor):
+        if bound.dtype != torch.float32:
+            raise TypeError(
+                f"a bound tensor must be float32 (a state-vector slot), got {bound.dtype}"
+            )
+        if bound.numel() != 1:
+            raise ValueError(f"a bound tensor must hold one element, got {tuple(bound.shape)}")
+        if bound.device != x.device:
+            raise ValueError(f"the bound is on {bound.device} but x is on {x.device}")
+    elif isinstance(bound, (int, float)) and not isinstance(bound, bool):
+        if bound < 0:
+            raise ValueError(f"bound must be >= 0 (NaN = unset: no clamp), got {bound}")
+        # The kernel receives a float32 scalar; the reference must use the same value.
+        bound = torch.tensor(float(bound), dtype=torch.float32).item()
+    else:
+        raise TypeError(f"bound must be a float or a float32 tensor, got {type(bound).__name__}")
+    if counter is not None:
+        if not isinstance(counter, torch.Tensor) or counter.dtype != torch.int64:
+            raise TypeError("counter must be an int64 tensor (1 or 2 elements) or None")
+        if counter.numel() not in (1, 2) or not counter.is_contiguous():
+            raise ValueError(f"counter must hold 1 or 2 elements, got {tuple(counter.shape)}")
+        if counter.device != x.device:
+            raise ValueError(f"the counter is on {counter.device} but x is on {x.device}")
+    return bound
+
+
+def _choose(impl: str | None, x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> str:
+    tensors = [t for t in (x, bound, counter) if isinstance(t, torch.Tensor)]
+    chosen = resolve_impl(impl, tensors)
+    if chosen == "triton" and not x.is_contiguous():
+        if impl is None:  # the reference handles any layout; the kernel does not
+            return "torch"
+        raise ValueError(
+            "impl='triton' needs a contiguous x (the kernel writes it in place); pass a "
+            "contiguous tensor or impl='torch'"
+        )
+    return chosen

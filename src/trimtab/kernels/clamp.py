@@ -1,0 +1,166 @@
+"""Triton kernel for :func:`trimtab.clamp_finite_` and :func:`trimtab.guard_`: one pass that reads
+x, optionally records a sentinel check of it, and writes x back sanitised and clamped.
+
+The torch references are ``trimtab.clamp._clamp_reference_`` and ``_guard_reference_``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from trimtab.kernels.sentinel import REDUCE_BLOCK, _record_first_fire, scratch
+
+#: Elements per program (one load each: x is read exactly once and written once).
+CLAMP_BLOCK = 4096
+
+
+@triton.jit
+def _clamp_kernel(
+    x_ptr,
+    n,
+    bound_ptr,
+    bound_val,
+    counter,
+    scratch_nan,
+    scratch_max,
+    done,
+    counters,
+    guard_steps,
+    slot,
+    thr_ptrs,
+    factors,
+    rec_seq,
+    rec_step,
+    rec_kind,
+    rec_val,
+    n_counters,
+    ACC: tl.constexpr,
+    BOUND_PTR: tl.constexpr,
+    COUNT: tl.constexpr,
+    COUNT_NONFINITE: tl.constexpr,
+    GUARD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RBLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    idx = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    x = tl.load(x_ptr + idx, mask=mask, other=0.0)
+    y = x.to(ACC)
+    a = tl.abs(y)
+    isnan = a != a
+    finite = a < float("inf")  # False for +-Inf and NaN
+    if BOUND_PTR:
+        b = tl.load(bound_ptr, volatile=True).to(ACC)
+    else:
+        b = tl.zeros([BLOCK], dtype=ACC) + bound_val  # (a Python float in the interpreter)
+    b = tl.where(b < 0, 0.0, b)  # a negative bound clamps to 0; NaN (unset) stays NaN
+    engaged = finite & (a > b)  # False for every element when b is NaN
+    out = tl.where(finite, tl.where(engaged, tl.where(y > 0, b, -b), y), 0.0)
+    if GUARD:
+        # Record the check of the *unsanitised* values before anything is written (design
+        # invariant 4); the last program reduces the partials as in the check kernel.
+        any_nan = tl.max(isnan.to(tl.int32), axis=0)
+        amax = tl.max(tl.where(isnan, 0.0, a), axis=0).to(tl.float64)
+        tl.store(scratch_nan + pid, any_nan)
+        tl.store(scratch_max + pid, amax)
+    tl.store(x_ptr + idx, out.to(x_ptr.dtype.element_ty), mask=mask)
+    if COUNT:
+        tl.atomic_add(counter, tl.sum((engaged & mask).to(tl.int64), axis=0))
+        if COUNT_NONFINITE:
+            tl.atomic_add(counter + 1, tl.sum((~finite & mask).to(tl.int64), axis=0))
+    if GUARD:
+        tl.debug_barrier()
+        nprog = tl.num_programs(0)
+        arrived = tl.atomic_add(done + slot, 1, sem="acq_rel")
+        if arrived == nprog - 1:
+            nan_acc = tl.zeros([RBLOCK], dtype=tl.int32)
+            max_acc = tl.zeros([RBLOCK], dtype=tl.float64)
+            for r in range(0, nprog, RBLOCK):
+                ridx = r + tl.arange(0, RBLOCK)
+                rmask = ridx < nprog
+                nan_acc = tl.maximum(
+                    nan_acc, tl.load(scratch_nan + ridx, mask=rmask, other=0, volatile=True)
+                )
+                max_acc = tl.maximum(
+                    max_acc, tl.load(scratch_max + ridx, mask=rmask, other=0.0, volatile=True)
+                )
+            step = tl.load(guard_steps + slot)
+            gseq = tl.load(counters + n_counters - 1)
+            _record_first_fire(
+                slot,
+                tl.max(nan_acc, axis=0),
+                tl.max(max_acc, axis=0),
+                step,
+                gseq,
+                thr_ptrs,
+                factors,
+                rec_seq,
+                rec_step,
+                rec_kind,
+                rec_val,
+            )
+            tl.store(guard_steps + slot, step + 1)
+            tl.store(counters + n_counters - 1, gseq + 1)
+            tl.store(done + slot, 0)
+
+
+def launch_clamp(
+    x: torch.Tensor,
+    bound: torch.Tensor | float,
+    counter: torch.Tensor | None,
+    guard: tuple[dict[str, torch.Tensor], int] | None = None,
+    block: int | None = None,
+) -> None:
+    """Sanitise and clamp contiguous ``x`` in place; ``guard=(sentinel state, slot)`` also checks.
+
+    ``bound`` is a float (already validated, rounded to float32 by the launch) or a 1-element
+    float32 tensor read by the kernel. ``counter``: int64, 1 or 2 elements, or None.
+    """
+    block = CLAMP_BLOCK if block is None else block
+    n = x.numel()
+    grid = max(1, triton.cdiv(n, block))
+    bound_is_ptr = isinstance(bound, torch.Tensor)
+    bound_ptr = bound if bound_is_ptr else x  # unused placeholder when the bound is a float
+    bound_val = 0.0 if bound_is_ptr else float(bound)
+    count = counter is not None
+    counter_arg = counter if count else x
+    if guard is not None:
+        state, slot = guard
+        scratch_nan, scratch_max = scratch(state, grid)
+        rec = state["rec"]
+        args = (
+            scratch_nan,
+            scratch_max,
+            state["done"],
+            state["counters"],
+            state["guard_steps"],
+            slot,
+            state["thr_ptrs"],
+            state["factors"],
+            rec[0],
+            rec[1],
+            rec[2],
+            state["value"],
+            state["counters"].numel(),
+        )
+    else:
+        args = (x, x, x, x, x, 0, x, x, x, x, x, x, 1)
+    _clamp_kernel[(grid,)](
+        x,
+        n,
+        bound_ptr,
+        bound_val,
+        counter_arg,
+        *args,
+        ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
+        BOUND_PTR=bound_is_ptr,
+        COUNT=count,
+        COUNT_NONFINITE=count and counter.numel() == 2,
+        GUARD=guard is not None,
+        BLOCK=block,
+        RBLOCK=REDUCE_BLOCK,
+        num_warps=8,
+    )

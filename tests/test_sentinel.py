@@ -1,0 +1,279 @@
+"""Sentinel: the kernel against the reference, first-fire semantics, thresholds, errors, reports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from trimtab import NonFiniteError, Sentinel
+from trimtab._impl import interpreter_enabled
+from trimtab.sentinel import Rule
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SIZES = (0, 1, 7, 31, 63, 65, 129, 257)  # blocks of 64 below: 0, 1, prime, 2^k±1, > 4 programs
+IMPLS = ("torch", "triton")
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Tiny kernel blocks so that tiny tensors span several programs and reduction rounds."""
+    ks = pytest.importorskip("trimtab.kernels.sentinel")
+    monkeypatch.setattr(ks, "CHECK_BLOCK", 64)
+    monkeypatch.setattr(ks, "CHECK_TILE", 16)
+    monkeypatch.setattr(ks, "REDUCE_BLOCK", 2)
+
+
+def subnormal(dtype: torch.dtype) -> float:
+    """A subnormal of ``dtype``; a normal for bf16 under the CPU interpreter, whose bf16 -> fp32
+    conversion mangles subnormals (GPUs convert them exactly)."""
+    tiny = torch.finfo(dtype).tiny
+    return tiny if dtype == torch.bfloat16 and interpreter_enabled() else tiny / 4
+
+
+def special_values(dtype: torch.dtype) -> list[float]:
+    fi = torch.finfo(dtype)
+    return [math.nan, math.inf, -math.inf, -0.0, subnormal(dtype), fi.max / 2, -fi.max]
+
+
+def sprinkle(t: torch.Tensor, gen: torch.Generator, count: int) -> None:
+    """Write ``count`` random special values (NaN, ±Inf, -0.0, subnormal, huge) into ``t``."""
+    if t.numel() == 0:
+        return
+    values = special_values(t.dtype)
+    flat = t.view(-1)
+    for _ in range(count):
+        i = int(torch.randint(t.numel(), (1,), generator=gen))
+        flat[i] = values[int(torch.randint(len(values), (1,), generator=gen))]
+
+
+def state_of(s: Sentinel) -> dict[str, torch.Tensor]:
+    t = s._state.tensors
+    return {k: t[k].cpu() for k in ("rec", "value", "counters", "guard_steps")}
+
+
+def assert_same_state(a: Sentinel, b: Sentinel) -> None:
+    sa, sb = state_of(a), state_of(b)
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0, equal_nan=True, msg=k)
+
+
+def make_pair(device, thr: torch.Tensor, gen: torch.Generator):
+    """The same slots (every dtype and size, three phases) in a torch and a triton sentinel."""
+    sentinels = [Sentinel(device, impl=impl) for impl in IMPLS]
+    tensors = []
+    for i, (n, dtype) in enumerate((n, d) for n in SIZES for d in DTYPES):
+        x = (torch.randn(n, generator=gen) * 3).to(dtype).to(device)
+        tensors.append(x)
+        rule = Rule.above(thr, factor=1.5, name="thr") if i % 2 else Rule.nonfinite()
+        for s in sentinels:
+            s.add(f"t{i}", x, rule, phase=("forward", "backward", "optimizer")[i % 3])
+    return sentinels, tensors
+
+
+def test_kernel_matches_reference_over_steps(kernel_device):
+    gen = torch.Generator().manual_seed(0)
+    thr = torch.tensor([4.0], device=kernel_device)
+    (ref, ker), tensors = make_pair(kernel_device, thr, gen)
+    for step in range(6):
+        victim = tensors[int(torch.randint(len(tensors), (1,), generator=gen))]
+        sprinkle(victim, gen, 2)
+        thr.fill_((4.0, 6.0, math.nan, 2.0, 5.0, 1.0)[step])
+        phase = (None, "forward", "backward", "optimizer", None, "forward")[step]
+        for s in (ref, ker):
+            s.check(phase)
+        assert_same_state(ref, ker)
+    assert ref.to_dict() == ker.to_dict()  # (to_dict: NaN values as strings compare equal)
+    assert len(ker.report()) > 5
+    assert ker._state.tensors["done"].abs().sum() == 0  # arrival counters left clean
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_first_firing_is_sticky_and_ordered(impl, kernel_device):
+    s = Sentinel(kernel_device, impl=impl)
+    a = torch.zeros(100, device=kernel_device)
+    b = torch.zeros(3, dtype=torch.float16, device=kernel_device)
+    s.add("act", a, phase="forward")
+    s.add("grad", b, phase="backward")
+    s.check("forward")  # forward step 0
+    s.check("backward")  # backward step 0
+    b[1] = math.inf
+    s.check("forward")  # forward step 1: grad not checked
+    s.check("backward")  # backward step 1: grad fires (inf)
+    a[70] = math.nan
+    a[3] = math.inf
+    b[0] = math.nan
+    s.check("forward")  # forward step 2: act fires (nan beats inf)
+    s.check("backward")  # grad fires again with NaN: not overwritten
+    got = [(f.name, f.phase, f.step, f.kind) for f in s.report()]
+    assert got == [("grad", "backward", 1, "inf"), ("act", "forward", 2, "nan")]
+    assert s.report()[0].value == math.inf and math.isnan(s.report()[1].value)
+    assert s.steps() == {"forward": 3, "backward": 3}
+    assert bool(s.fired())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_threshold_is_read_when_the_check_runs(impl, kernel_device):
+    bound = torch.full((1,), math.nan, device=kernel_device)  # an unset state-vector slot
+    x = torch.full((70,), 3.0, device=kernel_device)
+    s = Sentinel(kernel_device, impl=impl)
+    s.add("w", x, Rule.above(bound, factor=2.0, name="w_p99"))
+    for _ in range(3):
+        s.check()
+    assert not bool(s.fired()), "an unset (NaN) threshold must never fire"
+    bound.fill_(2.0)  # 2 * 2.0 = 4 > 3: quiet
+    s.check()
+    bound.fill_(1.0)  # 2 * 1.0 = 2 < 3: fires at step 4
+    s.check()
+    (f,) = s.report()
+    assert (f.step, f.kind, f.value) == (4, "threshold", 3.0)
+    assert "2 * w_p99" in s.to_dict()["slots"][0]["rule"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_unset_threshold_still_fires_on_nonfinite(impl, kernel_device):
+    x = torch.tensor([1e30, -math.inf], device=kernel_device)
+    s = Sentinel(kernel_device, impl=impl)
+    s.add("x", x, Rule.above(torch.tensor([math.nan], device=kernel_device)))
+    s.add("lit", x[:1].clone(), Rule.above(1e29))
+    s.check()
+    assert [(f.name, f.kind) for f in s.report()] == [("x", "inf"), ("lit", "threshold")]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_callable_slots_and_skips(impl, kernel_device):
+    net = torch.nn.Linear(3, 2).to(kernel_device)
+    s = Sentinel(kernel_device, impl=impl)
+    s.add("w.grad", lambda: net.weight.grad, phase="backward")
+    s.check("backward")  # no grad yet: skipped, but the step advances
+    net(torch.ones(1, 3, device=kernel_device)).sum().backward()
+    net.weight.grad[0, 0] = math.nan
+    s.check("backward")
+    (f,) = s.report()
+    assert (f.name, f.step, f.kind) == ("w.grad", 1, "nan")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_report_to_dict_raise_and_reset(impl, kernel_device):
+    s = Sentinel(kernel_device, impl=impl)
+    x = torch.ones(5, device=kernel_device)
+    s.add("q_target", x, phase="forward")
+    s.raise_if_fired()  # nothing fired: no error
+    x[2] = -math.inf
+    s.check("forward")
+    with pytest.raises(NonFiniteError, match=r"'q_target'.*phase 'forward', step 0, kind inf"):
+        s.raise_if_fired()
+    d = json.loads(json.dumps(s.to_dict(), allow_nan=False))
+    assert d["fired"] == [
+        {"name": "q_target", "phase": "forward", "step": 0, "kind": "inf", "value": "inf"}
+    ]
+    assert d["steps"] == {"forward": 1}
+    s.reset()
+    assert not bool(s.fired()) and s.report() == [] and s.steps() == {"forward": 0}
+    x[2] = 0.0
+    s.check("forward")
+    assert s.report() == []
+
+
+BAD_INPUTS = [
+    (lambda s: s.add("a", torch.ones(2)), ValueError, r"already has a slot named 'a'"),
+    (lambda s: s.add("", torch.ones(2)), TypeError, r"non-empty str"),
+    (lambda s: s.add("b", [1.0]), TypeError, r"tensor, a callable returning one, or None"),
+    (lambda s: s.add("b", torch.ones(2, dtype=torch.int32)), TypeError, r"dtype torch.int32"),
+    (lambda s: s.add("b", torch.ones(2), rule="nonfinite"), TypeError, r"must be a Rule"),
+    (lambda s: s.add("b", torch.ones(2), phase=3), TypeError, r"phase must be"),
+    (lambda s: s.check("backwards"), ValueError, r"unknown phase 'backwards'.*'step'"),
+    (lambda s: Rule.above(torch.ones(1, dtype=torch.float64)), TypeError, r"must be float32"),
+    (lambda s: Rule.above(torch.ones(2)), ValueError, r"one element"),
+    (lambda s: Rule.above(-1.0), ValueError, r">= 0"),
+    (lambda s: Rule.above("1"), TypeError, r"float or a float32 tensor"),
+    (lambda s: Rule.above(1.0, factor=math.inf), ValueError, r"finite and >= 0"),
+    (lambda s: Sentinel(impl="cuda"), ValueError, r"impl must be"),
+]
+
+
+@pytest.mark.parametrize(("bad", "exc", "pattern"), BAD_INPUTS)
+def test_errors(bad, exc, pattern):
+    s = Sentinel("cpu", impl="torch")
+    s.add("a", torch.ones(2))
+    with pytest.raises(exc, match=pattern):
+        bad(s)
+
+
+def test_kernel_refuses_non_contiguous(kernel_device):
+    s = Sentinel(kernel_device, impl="triton")
+    s.add("wT", torch.ones(3, 4, device=kernel_device).t())
+    with pytest.raises(ValueError, match=r"slot 'wT': the kernel reads contiguous tensors only"):
+        s.check()
+
+
+def test_callable_returning_wrong_type_is_named():
+    s = Sentinel("cpu", impl="torch")
+    s.add("bad", lambda: 3.0)
+    with pytest.raises(TypeError, match=r"slot 'bad': its callable returned float"):
+        s.check()
+
+
+def _train(checked: bool, impl: str, device) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).to(
+        device
+    )
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    s = Sentinel(device, impl=impl)
+    bound = torch.tensor([0.5], device=device)
+    for i, p in enumerate(net.parameters()):
+        s.add(f"p{i}", p, Rule.above(bound, factor=2.0), phase="optimizer")
+        s.add(f"g{i}", lambda p=p: p.grad, phase="backward")
+    x, y = torch.randn(8, 5, device=device), torch.randn(8, 3, device=device)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        if checked:
+            s.check("backward")
+        opt.step()
+        if checked:
+            s.check("optimizer")
+    state = opt.state_dict()["state"][0].values()
+    return [t.detach().clone().float() for t in (*net.parameters(), *state)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_checking_never_changes_training(impl, kernel_device):
+    plain, checked = _train(False, impl, kernel_device), _train(True, impl, kernel_device)
+    assert len(plain) == len(checked) == 7  # 4 parameters, Adam's step, exp_avg, exp_avg_sq
+    for a, b in zip(plain, checked):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))  # bitwise
+
+
+@pytest.mark.gpu
+def test_check_is_sync_free_and_graph_capturable():
+    ts = [torch.randn(n, device="cuda") for n in (1, 5000, 70001)]
+    ts.append(torch.randn(4099, device="cuda", dtype=torch.bfloat16))
+    bound = torch.tensor([100.0], device="cuda")
+    s = Sentinel("cuda")
+    for i, t in enumerate(ts):
+        s.add(f"t{i}", t, Rule.above(bound), phase="backward")
+    s.check("backward")  # warm-up: builds the pointer table and the launch metadata
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        s.check("backward")
+        s.fired()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # capturing runs nothing: no step is counted
+        s.check("backward")
+    for _ in range(3):
+        graph.replay()  # steps 2, 3, 4
+    assert not bool(s.fired())
+    ts[2][50_000] = math.nan
+    graph.replay()  # step 5: fires
+    graph.replay()
+    (f,) = s.report()
+    assert (f.name, f.kind, f.step) == ("t2", "nan", 5)
+    assert s.steps() == {"backward": 7}
