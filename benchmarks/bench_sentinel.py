@@ -89,11 +89,13 @@ def time_cuda_graph(fn: Callable[[], object], reps: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    # Evict L2 by *reading* 256 MB: a write (zero_) would leave ~60 MB of dirty lines whose
+    # write-back lands inside the timed region.
+    flush = torch.ones(64 * 2**20, dtype=torch.float32, device="cuda")
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
-        flush.zero_()
+        flush.sum()
         starts[i].record()
         graph.replay()
         ends[i].record()

@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "abs_quantiles": "trimtab.quantile",
     "Sentinel": "trimtab.sentinel",
     "NonFiniteError": "trimtab.sentinel",
+    "Rule": "trimtab.sentinel",
     "clamp_finite_": "trimtab.clamp",
     "guard_": "trimtab.clamp",
 }

@@ -58,7 +58,8 @@ def _clamp_kernel(
         b = tl.zeros([BLOCK], dtype=ACC) + bound_val  # (a Python float in the interpreter)
     b = tl.where(b < 0, 0.0, b)  # a negative bound clamps to 0; NaN (unset) stays NaN
     engaged = finite & (a > b)  # False for every element when b is NaN
-    out = tl.where(finite, tl.where(engaged, tl.where(y > 0, b, -b), y), 0.0)
+    # ``b * -1.0``, not ``-b``: Triton lowers unary minus to ``0 - b``, which turns -0.0 into +0.0.
+    out = tl.where(finite, tl.where(engaged, tl.where(y > 0, b, b * -1.0), y), 0.0)
     if GUARD:
         # Record the check of the *unsanitised* values before anything is written (design
         # invariant 4); the last program reduces the partials as in the check kernel.

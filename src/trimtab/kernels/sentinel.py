@@ -23,6 +23,8 @@ CHECK_DTYPE_CODES: dict[torch.dtype, int] = {**DTYPE_CODES, torch.float64: 3}
 CHECK_BLOCK = 16384
 #: Elements per load inside a program (bounds registers; the loop is unrolled).
 CHECK_TILE = 4096
+#: Warps per program.
+CHECK_WARPS = 8
 #: Partials reduced per iteration by the last program of a tensor.
 REDUCE_BLOCK = 1024
 
@@ -226,7 +228,7 @@ def launch_check(
         TILE=min(CHECK_TILE, block),
         RBLOCK=REDUCE_BLOCK,
         NC=triton.next_power_of_2(n_counters),
-        num_warps=8,
+        num_warps=CHECK_WARPS,
     )
 
 
