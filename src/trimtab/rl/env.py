@@ -1,0 +1,265 @@
+"""Trading environments: many episodes stepped at once in torch, and a gymnasium wrapper.
+
+One action branch per asset picks a target position among ``levels``; the reward is the
+equal-weight portfolio's next-day log return net of transaction costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor
+
+BPS = 1e-4
+
+
+class StepResult(NamedTuple):
+    """What one batched ``step`` returns; every field has leading dimension ``n_envs``.
+
+    ``final_obs`` is the observation the step reached (the transition's next state, also
+    for envs whose episode just ended); ``obs`` equals it except where the episode ended,
+    where it is the first observation of the next episode (same-step autoreset).
+    """
+
+    obs: Tensor
+    reward: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    final_obs: Tensor
+    episode_return: Tensor
+
+
+class BatchedTradingEnv:
+    """``n_envs`` trading episodes over one fold's data, all stepped by one call.
+
+    Episode: decision days ``t = s, ..., s + window_len - 1`` with a start ``s`` drawn uniformly
+    from ``[0, T - 1 - window_len]`` by a seeded ``torch.Generator``; positions start flat.
+    At day ``t`` the agent sees ``features[t]`` (flattened) and its current position levels,
+    chooses target levels ``l_a = levels[action_a]``, holds weights ``w_a = l_a / A`` over day
+    ``t + 1`` and receives (``R`` = simple return, ``c = cost_bps * 1e-4``)
+
+        reward_t = log(1 + sum_a w_a R_{t+1,a}) - c * sum_a |w_a - w_prev_a|.
+
+    With ``|l| <= 1``, ``sum_a |w_a| <= 1`` and ``R > -1``, so the log argument is positive.
+    Costs are charged on entry and on every change; the position is not liquidated at the
+    end of the window. After the last step the episode is *truncated* (a time limit, so
+    bootstrap through it; ``terminated`` is always False: no state is absorbing) and the env
+    resets in the same call. Step makes no host synchronisation and has no Python loop over
+    envs, so it runs on a GPU and can be captured in a CUDA graph.
+    """
+
+    def __init__(
+        self,
+        features: Tensor | np.ndarray,
+        log_returns: Tensor | np.ndarray,
+        n_envs: int,
+        window_len: int,
+        levels: Sequence[float] = (-1.0, 0.0, 1.0),
+        cost_bps: float = 1.0,
+        device: torch.device | str | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        feats = torch.as_tensor(features)
+        rets = torch.as_tensor(log_returns)
+        if feats.ndim != 3 or rets.shape != feats.shape[:2]:
+            raise ValueError(
+                f"need features [T, A, F] and log_returns [T, A], got "
+                f"{tuple(feats.shape)} and {tuple(rets.shape)}"
+            )
+        t_len, n_assets, _ = feats.shape
+        if not 1 <= window_len <= t_len - 1:
+            raise ValueError(f"window_len must be in [1, T - 1 = {t_len - 1}], got {window_len}")
+        if n_envs < 1 or cost_bps < 0:
+            raise ValueError("need n_envs >= 1 and cost_bps >= 0")
+        if not levels or max(abs(float(x)) for x in levels) > 1:
+            raise ValueError(f"levels must be non-empty with |level| <= 1, got {levels}")
+        if not (torch.isfinite(feats).all() and torch.isfinite(rets).all()):
+            raise ValueError("features and log_returns must be finite (slice off the warm-up)")
+        self.device = torch.device(device) if device is not None else feats.device
+        self.dtype = dtype
+        self.features = feats.to(self.device, dtype)
+        self.simple_returns = torch.expm1(rets.to(self.device, torch.float64)).to(dtype)
+        self.levels = torch.tensor([float(x) for x in levels], device=self.device, dtype=dtype)
+        self.n_envs, self.window_len, self.n_assets = n_envs, window_len, n_assets
+        self.n_days = t_len
+        self.obs_dim = n_assets * feats.shape[2] + n_assets
+        self.max_start = t_len - 1 - window_len
+        self.cost = float(cost_bps) * BPS
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.start = torch.zeros(n_envs, dtype=torch.long, device=self.device)
+        self.t = torch.zeros(n_envs, dtype=torch.long, device=self.device)
+        self.position = torch.zeros(n_envs, n_assets, dtype=dtype, device=self.device)
+        self.episode_return = torch.zeros(n_envs, dtype=dtype, device=self.device)
+        self.reset()
+
+    def _random_starts(self) -> Tensor:
+        return torch.randint(
+            0, self.max_start + 1, (self.n_envs,), generator=self.generator, device=self.device
+        )
+
+    def observe(self, day: Tensor, position: Tensor) -> Tensor:
+        """Observation ``[n, A*F + A]``: features of ``day`` (flattened) then position levels."""
+        return torch.cat([self.features[day].flatten(1), position], dim=1)
+
+    def reset(
+        self, seed: int | None = None, starts: Tensor | Sequence[int] | None = None
+    ) -> Tensor:
+        """Start every env anew (flat); ``starts`` fixes the start days, else they are drawn."""
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        if starts is None:
+            s = self._random_starts()
+        else:
+            s = torch.as_tensor(starts, dtype=torch.long, device=self.device).reshape(self.n_envs)
+            if int(s.min()) < 0 or int(s.max()) > self.max_start:
+                raise ValueError(f"starts must lie in [0, {self.max_start}]")
+        self.start.copy_(s)
+        self.t.copy_(s)
+        self.position.zero_()
+        self.episode_return.zero_()
+        return self.observe(self.t, self.position)
+
+    def step(self, action: Tensor) -> StepResult:
+        """Apply ``action[n_envs, A]`` (indices into ``levels``); see the class docstring."""
+        new_pos = self.levels[action]
+        reward = portfolio_log_return(
+            new_pos, self.position, self.simple_returns[self.t + 1], self.cost
+        )
+        self.t += 1
+        self.position.copy_(new_pos)
+        self.episode_return += reward
+        final_obs = self.observe(self.t, self.position)
+        truncated = self.t - self.start >= self.window_len
+        terminated = torch.zeros_like(truncated)
+        ep_return = self.episode_return.clone()
+        # Drawn every step, used where an episode ended: computing, not branching, keeps the
+        # step free of host syncs and the random stream independent of which envs finished.
+        fresh = self._random_starts()
+        self.start.copy_(torch.where(truncated, fresh, self.start))
+        self.t.copy_(torch.where(truncated, fresh, self.t))
+        self.position.mul_((~truncated).to(self.dtype).unsqueeze(1))
+        self.episode_return.mul_((~truncated).to(self.dtype))
+        obs = self.observe(self.t, self.position)
+        return StepResult(obs, reward, terminated, truncated, final_obs, ep_return)
+
+
+def portfolio_log_return(
+    new_pos: Tensor, old_pos: Tensor, simple_next: Tensor, cost: float
+) -> Tensor:
+    """``log(1 + sum_a (l_a/A) R_a) - cost * sum_a |l_a - l'_a| / A`` over the last axis."""
+    n_assets = new_pos.shape[-1]
+    w, w_prev = new_pos / n_assets, old_pos / n_assets
+    gross = torch.log1p((w * simple_next).sum(-1))
+    return gross - cost * (w - w_prev).abs().sum(-1)
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    """One sequential run over a window: per decision day, arrays of length ``L``."""
+
+    log_returns: np.ndarray  # [L] net daily log returns (the rewards)
+    weights: np.ndarray  # [L, A] weights held over the next day
+    turnover: np.ndarray  # [L] sum_a |w_t - w_{t-1}|, from flat before the first day
+    asset_log_returns: np.ndarray  # [L, A] the assets' log returns over the same days
+    start: int
+    end: int
+
+
+Policy = Callable[[Tensor], Tensor]
+
+
+def evaluate(
+    features: Tensor | np.ndarray,
+    log_returns: Tensor | np.ndarray,
+    policy: Policy | Tensor | np.ndarray,
+    *,
+    levels: Sequence[float] = (-1.0, 0.0, 1.0),
+    cost_bps: float = 1.0,
+    start: int = 0,
+    end: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Evaluation:
+    """Run one env deterministically over decision days ``start .. end - 1`` (out of sample).
+
+    ``policy`` maps an observation ``[1, D]`` to actions ``[1, A]`` (called once per day, in
+    order, since the position is part of the observation), or is a fixed ``[L, A]`` array of
+    actions. ``end`` defaults to ``T - 1``, the last day with a next-day return.
+    """
+    rets = torch.as_tensor(log_returns)
+    end = rets.shape[0] - 1 if end is None else end
+    env = BatchedTradingEnv(features, rets, 1, end - start, levels, cost_bps, device, 0, dtype)
+    obs = env.reset(starts=[start])
+    fixed = None if callable(policy) else torch.as_tensor(policy).to(env.device).long()
+    if fixed is not None and fixed.shape != (env.window_len, env.n_assets):
+        raise ValueError(
+            f"actions must be [{env.window_len}, {env.n_assets}], got {tuple(fixed.shape)}"
+        )
+    rewards, positions = [], []
+    for k in range(env.window_len):
+        action = fixed[k : k + 1] if fixed is not None else policy(obs)  # type: ignore[operator]
+        res = env.step(action.reshape(1, env.n_assets))
+        rewards.append(res.reward)
+        positions.append(env.levels[action.reshape(1, -1)])
+        obs = res.obs
+    weights = (torch.cat(positions) / env.n_assets).double().cpu().numpy()
+    prev = np.vstack([np.zeros((1, env.n_assets)), weights[:-1]])
+    return Evaluation(
+        log_returns=torch.cat(rewards).double().cpu().numpy(),
+        weights=weights,
+        turnover=np.abs(weights - prev).sum(1),
+        asset_log_returns=rets[start + 1 : end + 1].double().cpu().numpy(),
+        start=start,
+        end=end,
+    )
+
+
+class TradingGymEnv(gym.Env):
+    """A single trading episode behind gymnasium's API (numpy in and out, float32 obs).
+
+    ``reset(seed=...)`` seeds ``self.np_random``, which draws the start day;
+    ``options={"start": s}`` fixes it. ``step`` returns the reached observation; after
+    ``truncated`` call ``reset`` (gymnasium's vector wrappers do this themselves).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
+
+    def __init__(
+        self,
+        features: Tensor | np.ndarray,
+        log_returns: Tensor | np.ndarray,
+        window_len: int,
+        levels: Sequence[float] = (-1.0, 0.0, 1.0),
+        cost_bps: float = 1.0,
+    ) -> None:
+        self._env = BatchedTradingEnv(features, log_returns, 1, window_len, levels, cost_bps, "cpu")
+        n_assets = self._env.n_assets
+        self.action_space = gym.spaces.MultiDiscrete([len(levels)] * n_assets)
+        # Every observation comes from the given features, so their range bounds the space.
+        feats = self._env.features.flatten(1)
+        low = torch.cat([feats.min(0).values, self._env.levels.min().expand(n_assets)])
+        high = torch.cat([feats.max(0).values, self._env.levels.max().expand(n_assets)])
+        self.observation_space = gym.spaces.Box(
+            low.numpy().astype(np.float32), high.numpy().astype(np.float32), dtype=np.float32
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        start = (options or {}).get("start")
+        if start is None:
+            start = int(self.np_random.integers(0, self._env.max_start + 1))
+        obs = self._env.reset(starts=[int(start)])
+        return obs[0].numpy().astype(np.float32), {"start": int(start)}
+
+    def step(self, action: np.ndarray):
+        a = torch.as_tensor(np.asarray(action, dtype=np.int64)).reshape(1, self._env.n_assets)
+        info = {"day": int(self._env.t[0])}  # the decision day of this step
+        res = self._env.step(a)
+        obs = res.final_obs[0].numpy().astype(np.float32)
+        return obs, float(res.reward[0]), bool(res.terminated[0]), bool(res.truncated[0]), info
