@@ -1,0 +1,260 @@
+"""AdaptiveEMA: bootstrap, smoothing vs tracking, outliers, masking, state, errors, no sync."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from trimtab import AdaptiveEMA
+
+
+def _noise(steps: int, slots: int, seed: int = 0, dtype=torch.float64) -> torch.Tensor:
+    return torch.randn(steps, slots, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _feed(ema: AdaptiveEMA, obs: torch.Tensor) -> torch.Tensor:
+    """Run every row of ``obs`` through ``ema``; return the estimates, one row per step."""
+    return torch.stack([ema.update(row.to(ema.dtype)).clone() for row in obs])
+
+
+def test_unset_until_first_observation_which_replaces() -> None:
+    ema = AdaptiveEMA(3)
+    assert torch.isnan(ema.estimate).all()
+    out = ema.update(torch.tensor([5.0, -2.0, 1e6]))
+    assert torch.equal(out, torch.tensor([5.0, -2.0, 1e6]))
+    assert torch.equal(ema.alpha, torch.ones(3))
+    # A slot that was masked out on the first step is still unset, and its first one replaces.
+    ema = AdaptiveEMA(2)
+    ema.update(torch.tensor([1.0, 7.0]), mask=torch.tensor([True, False]))
+    assert torch.isnan(ema.estimate[1])
+    ema.update(torch.tensor([1.0, 7.0]))
+    assert ema.estimate[1] == 7.0
+
+
+def test_second_observation_gives_the_mean() -> None:
+    ema = AdaptiveEMA(1)
+    ema.update(torch.tensor([2.0]))
+    torch.testing.assert_close(ema.update(torch.tensor([4.0])), torch.tensor([3.0]))
+
+
+def test_stationary_noise_smooths() -> None:
+    level = torch.tensor([3.0, -100.0, 0.001])
+    scale = torch.tensor([1.0, 10.0, 1e-4])
+    ema = AdaptiveEMA(3, dtype=torch.float64)
+    alphas, errors = [], []
+    for row in level + scale * _noise(3000, 3, seed=1):
+        errors.append((ema.update(row) - level) / scale)
+        alphas.append(ema.alpha.clone())
+    assert (torch.stack(alphas[-1000:]).mean(0) < 0.05).all(), alphas[-1]
+    # RMS error in units of the noise: a fixed α = 0.2 gives 0.33, α = 0.05 gives 0.16.
+    rms = torch.stack(errors[-1000:]).square().mean(0).sqrt()
+    assert (rms < 0.2).all(), rms
+
+
+def test_random_walk_is_tracked_near_the_kalman_optimum() -> None:
+    level = torch.cumsum(0.1 * _noise(3000, 4, seed=2), 0)  # Q/R = 0.01
+    ema = AdaptiveEMA(4, dtype=torch.float64)
+    alphas, errors = [], []
+    for row, lv in zip(level + _noise(3000, 4, seed=3), level):
+        errors.append(ema.update(row) - lv)
+        alphas.append(ema.alpha.clone())
+    late = torch.stack(alphas[-1000:]).mean()
+    assert 0.03 < late < 0.3, late  # the steady-state Kalman gain is 0.095
+    # The Kalman filter's MSE is 0.095; fixed α = 0.05 gives 0.12, a stationary-tuned α worse.
+    mse = torch.stack(errors[1000:]).square().mean()
+    assert mse < 0.125, mse
+
+
+@pytest.mark.parametrize("height", [5.0, -8.0, 50.0])
+def test_step_change_is_tracked_within_a_few_steps(height: float) -> None:
+    obs = _noise(1500, 4, seed=4)
+    obs[1000:] += height
+    est = _feed(AdaptiveEMA(4, dtype=torch.float64), obs)
+    assert (est[995:1000].abs() < 0.5).all()
+    assert ((est[1003:1010] - height).abs().mean() < 0.5).all()  # like a restarted mean
+    # Settled: RMS below a fixed α = 0.2 (0.33), far below the lag of a slow EMA.
+    assert ((est[1050:] - height).square().mean(0).sqrt() < 0.3).all()
+
+
+def test_lone_spike_barely_moves_the_estimate() -> None:
+    obs = _noise(1000, 2, seed=5)
+    obs[800, 0] += 1e4
+    est = _feed(AdaptiveEMA(2, dtype=torch.float64), obs)
+    assert (est[800, 0] - est[799, 0]).abs() < 0.2  # at most α c √S, not α 1e4
+    assert est[-1].abs().max() < 0.2
+
+
+def test_nonfinite_observations_are_ignored_and_counted() -> None:
+    obs = _noise(300, 3, seed=6, dtype=torch.float32)
+    ref = AdaptiveEMA(3)
+    _feed(ref, obs)
+    ema = AdaptiveEMA(3)
+    bad = {0: math.nan, 1: math.inf, 2: -math.inf}
+    for i, row in enumerate(obs):
+        ema.update(row)
+        if i % 7 == 0:  # interleave rejected observations, each into a different slot
+            junk = row.clone()
+            junk[i % 3] = bad[i % 3]
+            mask = torch.zeros(3, dtype=torch.bool)
+            mask[i % 3] = True
+            ema.update(junk, mask=mask)
+    assert torch.equal(ema.estimate, ref.estimate)
+    expected = torch.bincount(torch.arange(0, 300, 7) % 3, minlength=3)
+    assert torch.equal(ema.nonfinite_count, expected)
+    assert ema.nonfinite_count.dtype == torch.int64
+    # Only non-finite: the slot stays unset.
+    fresh = AdaptiveEMA(1)
+    fresh.update(torch.tensor([math.nan]))
+    assert torch.isnan(fresh.estimate).all() and fresh.nonfinite_count.item() == 1
+
+
+def test_mask_updates_only_the_selected_slots() -> None:
+    obs = _noise(200, 4, seed=7, dtype=torch.float32)
+    ema = AdaptiveEMA(4)
+    _feed(ema, obs[:100])
+    before = ema.state_dict()
+    mask = torch.tensor([True, False, True, False])
+    for row in obs[100:]:
+        ema.update(row, mask=mask)
+    after = ema.state_dict()
+    for name, value in after.items():
+        assert torch.equal(value[~mask], before[name][~mask]), name
+    assert not torch.equal(after["mean"][mask], before["mean"][mask])
+    # A NaN in a masked-out slot is neither used nor counted.
+    ema.update(torch.tensor([0.0, math.nan, 0.0, math.nan]), mask=mask)
+    assert ema.nonfinite_count.sum() == 0
+
+
+def test_slots_are_independent_of_their_batch() -> None:
+    obs = _noise(400, 5, seed=8)
+    obs[200:, 2] += 6.0
+    batched = _feed(AdaptiveEMA(5, dtype=torch.float64), obs)
+    alone = _feed(AdaptiveEMA(1, dtype=torch.float64), obs[:, 2:3])
+    torch.testing.assert_close(batched[:, 2:3], alone, rtol=0, atol=0)
+
+
+def test_reset_returns_to_unset_in_place() -> None:
+    ema = AdaptiveEMA(2)
+    view = ema.estimate
+    _feed(ema, _noise(100, 2, seed=9, dtype=torch.float32))
+    ema.update(torch.tensor([math.nan, 0.0]))
+    ema.reset()
+    assert torch.isnan(view).all()  # handed-out views (and captured graphs) see the reset
+    assert torch.isnan(ema.alpha).all()
+    assert torch.equal(ema.nonfinite_count, torch.zeros(2, dtype=torch.int64))
+    assert torch.equal(ema.update(torch.tensor([4.0, -4.0])), torch.tensor([4.0, -4.0]))
+
+
+def test_float32_matches_float64() -> None:
+    obs = 3.0 + 2.0 * _noise(2000, 6, seed=10)
+    obs[1000:, :3] -= 10.0
+    e64 = _feed(AdaptiveEMA(6, dtype=torch.float64), obs)
+    e32 = _feed(AdaptiveEMA(6, dtype=torch.float32), obs.float())
+    assert e64.dtype == torch.float64 and e32.dtype == torch.float32
+    torch.testing.assert_close(e32.double(), e64, rtol=1e-4, atol=1e-4)
+
+
+def test_state_dict_round_trip_continues_identically() -> None:
+    obs = _noise(600, 3, seed=11, dtype=torch.float32)
+    obs[300:, 1] += 5.0
+    a = AdaptiveEMA(3)
+    _feed(a, obs[:250])
+    b = AdaptiveEMA(3)
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(_feed(a, obs[250:]), _feed(b, obs[250:]))
+    assert torch.equal(a.nonfinite_count, b.nonfinite_count)
+
+
+def test_to_moves_the_state_and_returns_self() -> None:
+    ema = AdaptiveEMA(2, device="cpu")
+    assert ema.to("cpu") is ema
+    assert all(t.device.type == "cpu" for t in ema.state_dict().values())
+
+
+def _bad_calls() -> list[tuple[str, object, type[Exception], str]]:
+    def update(obs, mask=None):
+        return lambda: AdaptiveEMA(3).update(obs, mask)
+
+    def load(state):
+        return lambda: AdaptiveEMA(3).load_state_dict(state)
+
+    good = AdaptiveEMA(3).state_dict()
+    return [
+        ("zero slots", lambda: AdaptiveEMA(0), ValueError, "num_slots must be an int >= 1"),
+        ("negative slots", lambda: AdaptiveEMA(-2), ValueError, "num_slots must be an int"),
+        ("float slots", lambda: AdaptiveEMA(2.0), ValueError, "num_slots must be an int"),
+        ("bool slots", lambda: AdaptiveEMA(True), ValueError, "num_slots must be an int"),
+        ("half dtype", lambda: AdaptiveEMA(2, dtype=torch.float16), TypeError, "dtype must be"),
+        ("wrong length", update(torch.zeros(4)), ValueError, r"shape \(3,\).*got \(4,\)"),
+        ("2-d obs", update(torch.zeros(3, 1)), ValueError, r"shape \(3,\)"),
+        ("scalar obs", update(torch.tensor(1.0)), ValueError, r"shape \(3,\)"),
+        ("int obs", update(torch.zeros(3, dtype=torch.int64)), TypeError, "floating-point"),
+        ("bool obs", update(torch.zeros(3, dtype=torch.bool)), TypeError, "floating-point"),
+        ("list obs", update([1.0, 2.0, 3.0]), TypeError, "must be a torch.Tensor"),
+        ("float mask", update(torch.zeros(3), torch.ones(3)), TypeError, "mask must be a bool"),
+        ("short mask", update(torch.zeros(3), torch.ones(2, dtype=torch.bool)), ValueError,
+         r"mask must have shape \(3,\)"),
+        ("missing key", load({k: v for k, v in good.items() if k != "p"}), KeyError,
+         r"missing \['p'\]"),
+        ("wrong slots", load({k: v[:2] for k, v in good.items()}), ValueError,
+         "has shape .* but this AdaptiveEMA has 3 slots"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "pattern"),
+    [c[1:] for c in _bad_calls()],
+    ids=[c[0] for c in _bad_calls()],
+)
+def test_bad_arguments_raise_clear_errors(call, exc: type[Exception], pattern: str) -> None:
+    with pytest.raises(exc, match=re.compile(pattern)):
+        call()
+
+
+@pytest.mark.gpu
+def test_update_makes_no_host_sync() -> None:
+    ema = AdaptiveEMA(64, device="cuda")
+    obs = torch.randn(300, 64, device="cuda")
+    obs[::17, 3] = math.nan
+    mask = torch.rand(64, device="cuda") < 0.5
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for row in obs:
+            ema.update(row, mask=mask)
+        ema.reset()
+        ema.update(obs[0])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert ema.estimate.is_cuda
+
+
+@pytest.mark.gpu
+def test_update_captures_in_a_cuda_graph() -> None:
+    slots = 16
+    obs = torch.randn(200, slots, device="cuda", dtype=torch.float64)
+    obs[100:] += 5.0
+    eager = AdaptiveEMA(slots, device="cuda", dtype=torch.float64)
+    expected = _feed(eager, obs)
+
+    ema = AdaptiveEMA(slots, device="cuda", dtype=torch.float64)
+    static = torch.zeros(slots, device="cuda", dtype=torch.float64)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
+        ema.update(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    ema.reset()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ema.update(static)
+    ema.reset()
+    got = []
+    for row in obs:
+        static.copy_(row)
+        graph.replay()
+        got.append(out.clone())
+    torch.testing.assert_close(torch.stack(got), expected)
