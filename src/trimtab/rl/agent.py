@@ -1,0 +1,309 @@
+"""The learning agent: branching dueling C51 with an IQN auxiliary loss, Double-DQN targets,
+n-step returns, a hard-synced target network and ε-greedy exploration. No host syncs per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trimtab.lifecycle import active_lifecycle
+from trimtab.rl.losses import atoms, c51_loss, c51_projection, quantile_huber_loss
+from trimtab.rl.networks import BranchingQNetwork
+from trimtab.rl.replay import ReplayBuffer
+
+__all__ = ["AgentConfig", "DQNAgent"]
+
+SupportFn = Callable[[], tuple[Tensor, Tensor]]
+GradClip = Callable[[list[nn.Parameter]], "Tensor | None"]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Every constant of the agent, by name. Saved with each checkpoint."""
+
+    gamma: float = 0.99  # discount per env step
+    n_step: int = 3  # steps summed before bootstrapping
+    lr: float = 1e-4  # passed to optimizer_factory as lr=
+    batch_size: int = 64
+    target_update_period: int = 1000  # updates between hard target syncs
+    eps_start: float = 1.0  # ε-greedy: linear from eps_start to eps_end ...
+    eps_end: float = 0.05
+    eps_decay_steps: int = 10_000  # ... over this many env steps
+    n_atoms: int = 51  # C51 atoms per branch
+    v_min: float = -10.0  # the fixed support, used when no support_fn is given
+    v_max: float = 10.0
+    iqn_weight: float = 0.5  # weight of the IQN quantile Huber loss; 0 disables the IQN head
+    n_tau: int = 32  # IQN quantile samples of the prediction (N)
+    n_tau_target: int = 32  # IQN quantile samples of the target (N')
+    kappa: float = 1.0  # quantile Huber threshold κ
+    hidden: int = 256  # trunk width
+    depth: int = 2  # trunk layers, or gated residual blocks after one Linear
+    head_hidden: int | None = None  # width of the value/advantage streams; None = hidden
+    trunk: str = "layernorm"  # "layernorm" or "gated"
+    iqn_embed: int = 64  # cosine features of τ
+    replay_capacity: int = 100_000
+    prioritized: bool = False
+    priority_alpha: float = 0.6
+    priority_beta: float = 0.4
+    seed: int = 0  # network initialisation and the agent's generator (exploration, τ samples)
+
+    def __post_init__(self) -> None:
+        bad = []
+        if not 0.0 <= self.gamma <= 1.0:
+            bad.append(f"gamma={self.gamma} not in [0, 1]")
+        for name in ("n_step", "batch_size", "target_update_period", "n_tau", "n_tau_target"):
+            if getattr(self, name) < 1:
+                bad.append(f"{name}={getattr(self, name)} < 1")
+        for name in ("hidden", "depth", "iqn_embed", "replay_capacity", "eps_decay_steps"):
+            if getattr(self, name) < 1:
+                bad.append(f"{name}={getattr(self, name)} < 1")
+        if self.n_atoms < 2:
+            bad.append(f"n_atoms={self.n_atoms} < 2")
+        if not self.v_min < self.v_max:
+            bad.append(f"v_min={self.v_min} must be < v_max={self.v_max}")
+        if not (0.0 <= self.eps_end <= 1.0 and 0.0 <= self.eps_start <= 1.0):
+            bad.append(f"eps_start={self.eps_start}, eps_end={self.eps_end} not in [0, 1]")
+        if self.lr <= 0 or self.iqn_weight < 0 or self.kappa < 0:
+            bad.append(f"need lr > 0, iqn_weight >= 0, kappa >= 0: {self.lr=}, {self.kappa=}")
+        if self.trunk not in ("layernorm", "gated"):
+            bad.append(f"trunk={self.trunk!r} is not 'layernorm' or 'gated'")
+        if bad:
+            raise ValueError("invalid AgentConfig: " + "; ".join(bad))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> AgentConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown AgentConfig fields {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+
+def _logits_at(logits: Tensor, action: Tensor) -> Tensor:
+    """Each branch's logits at its action: ``[B, D, A, N]``, ``[B, D] -> [B, D, N]``."""
+    index = action[:, :, None, None].expand(-1, -1, 1, logits.shape[-1])
+    return logits.gather(2, index).squeeze(2)
+
+
+def _quantiles_at(quantiles: Tensor, action: Tensor) -> Tensor:
+    """Each branch's quantiles at its action: ``[B, T, D, A]``, ``[B, D] -> [B, T, D]``."""
+    index = action[:, None, :, None].expand(-1, quantiles.shape[1], -1, 1)
+    return quantiles.gather(3, index).squeeze(3)
+
+
+class DQNAgent:
+    """Branching dueling distributional DQN (C51 + IQN auxiliary), Double DQN, n-step.
+
+    For a transition ``(x, a, G, x', γ^k)`` from the replay buffer, per branch ``d``:
+
+    1. ``a*_d = argmax_a Σ_i z_i p_i(x', a; θ)``  (Double DQN: the online net selects,
+       van Hasselt et al. 2016)
+    2. ``T z_j = G + γ^k z_j``, then ``target_transform``; every branch uses the shared reward
+       and its own next action (Branching DQN's independent per-branch targets, Tavakoli 2018)
+    3. ``m = Φ(T z, p(x', a*_d; θ⁻))``  (C51 projection, Bellemare et al. 2017)
+    4. ``L_C51 = −Σ_i m_i log p_i(x, a_d; θ)``, averaged over branches
+    5. ``L_IQN = ρ^κ`` between ``Z_τ(x, a_d; θ)`` and ``G + γ^k Z_τ'(x', a*_d; θ⁻)``
+       (Dabney et al. 2018), averaged over branches
+    6. ``L = mean_batch w · (L_C51 + iqn_weight · L_IQN)``; priorities are ``L_C51`` per sample.
+
+    Hooks (all default to no-ops): ``support_fn`` returns the per-branch ``(v_min, v_max)`` each
+    step; ``target_transform`` maps Bellman targets before projection; ``grad_clip`` is called
+    with the parameters between backward and step; ``online.trunk_hook`` and
+    ``target.trunk_hook`` act on features (set each one that should be clamped).
+
+    The target network registers with the active :class:`trimtab.Lifecycle` for a hard sync at
+    each fold boundary. ``update`` makes no host synchronisation; ``info`` holds device tensors.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        branch_sizes: Sequence[int],
+        config: AgentConfig | None = None,
+        device: torch.device | str = "cpu",
+        optimizer_factory: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
+        support_fn: SupportFn | None = None,
+    ) -> None:
+        self.config = cfg = config if config is not None else AgentConfig()
+        self.obs_dim, self.branch_sizes = obs_dim, [int(n) for n in branch_sizes]
+        self.device = torch.device(device)
+        with torch.random.fork_rng(devices=[]):  # same weights for the same seed, always
+            torch.manual_seed(cfg.seed)
+            self.online = self._make_network().to(self.device)
+            self.target = self._make_network().to(self.device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = optimizer_factory(self.online.parameters(), lr=cfg.lr)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(cfg.seed)
+        d = len(self.branch_sizes)
+        self._fixed_support = (
+            torch.full((d,), cfg.v_min, device=self.device),
+            torch.full((d,), cfg.v_max, device=self.device),
+        )
+        self._sizes = torch.tensor(self.branch_sizes, device=self.device)
+        self.support_fn: SupportFn = support_fn if support_fn is not None else self.fixed_support
+        self.target_transform: Callable[[Tensor], Tensor] = _identity
+        self.grad_clip: GradClip | None = None
+        self.num_updates = 0
+        active_lifecycle().register_target_sync(self.online, self.target, name="agent.target")
+
+    def _make_network(self) -> BranchingQNetwork:
+        cfg = self.config
+        return BranchingQNetwork(
+            self.obs_dim, self.branch_sizes, hidden=cfg.hidden, depth=cfg.depth,
+            n_atoms=cfg.n_atoms, iqn_embed=cfg.iqn_embed, head_hidden=cfg.head_hidden,
+            trunk=cfg.trunk,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    def fixed_support(self) -> tuple[Tensor, Tensor]:
+        """The default ``support_fn``: ``(v_min, v_max)`` from the config, one per branch."""
+        return self._fixed_support
+
+    def make_replay(self) -> ReplayBuffer:
+        """A replay buffer whose n-step and γ match this agent's config."""
+        cfg = self.config
+        return ReplayBuffer(
+            cfg.replay_capacity, self.obs_dim, len(self.branch_sizes), self.device,
+            n_step=cfg.n_step, gamma=cfg.gamma, prioritized=cfg.prioritized,
+            alpha=cfg.priority_alpha, beta=cfg.priority_beta,
+        )  # fmt: skip
+
+    # --- acting ---------------------------------------------------------------------------
+    def epsilon(self, step: int) -> float:
+        """Linear ε schedule: ``eps_start`` at step 0 to ``eps_end`` at ``eps_decay_steps``."""
+        cfg = self.config
+        frac = min(max(step, 0) / cfg.eps_decay_steps, 1.0)
+        return (1.0 - frac) * cfg.eps_start + frac * cfg.eps_end  # exact at both ends
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, step: int, greedy: bool = False) -> Tensor:
+        """ε-greedy actions ``[E, D]`` for ``obs [E, obs_dim]``; each branch explores alone."""
+        v_min, v_max = self.support_fn()
+        q = self.online.q_values(self.online(obs).logits, atoms(v_min, v_max, self.config.n_atoms))
+        action = q.argmax(dim=-1)
+        if greedy:
+            return action
+        u = torch.rand(action.shape, generator=self.generator, device=self.device)
+        random_action = torch.minimum((u * self._sizes).long(), self._sizes - 1)
+        explore = torch.rand(action.shape, generator=self.generator, device=self.device)
+        return torch.where(explore < self.epsilon(step), random_action, action)
+
+    # --- learning -------------------------------------------------------------------------
+    def compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one sampled batch and an info dict of detached device tensors."""
+        cfg = self.config
+        obs, action, next_obs = batch["obs"], batch["action"], batch["next_obs"]
+        n = obs.shape[0]
+        reward = batch["reward"].view(n, 1, 1)  # n-step return, shared by every branch
+        discount = batch["discount"].view(n, 1, 1)  # γ^k, or 0 after a termination
+        weights = batch.get("weights")
+        v_min, v_max = self.support_fn()
+        z = atoms(v_min, v_max, cfg.n_atoms)  # [D, N]
+
+        online = self.online(obs)
+        logits = _logits_at(online.logits, action)  # [B, D, N]
+        with torch.no_grad():
+            # Double DQN: the online network selects a*, the target network evaluates it.
+            next_online = self.online(next_obs)
+            next_action = self.online.q_values(next_online.logits, z).argmax(dim=-1)  # [B, D]
+            next_target = self.target(next_obs)
+            next_probs = torch.softmax(_logits_at(next_target.logits, next_action), dim=-1)
+            tz = self.target_transform(reward + discount * z)  # [B, D, N]  (stability hook)
+            target_probs = c51_projection(tz, next_probs, v_min, v_max)
+        c51 = c51_loss(logits, target_probs).mean(dim=-1)  # [B], averaged over branches
+
+        if cfg.iqn_weight > 0:
+            taus = torch.rand(n, cfg.n_tau, generator=self.generator, device=self.device)
+            pred = _quantiles_at(self.online.quantiles(online.trunk, taus), action)  # [B, T, D]
+            with torch.no_grad():
+                taus_next = torch.rand(
+                    n, cfg.n_tau_target, generator=self.generator, device=self.device
+                )
+                next_z = self.target.quantiles(next_target.trunk, taus_next)
+                next_z = _quantiles_at(next_z, next_action)  # [B, T', D]
+                iqn_target = self.target_transform(reward + discount * next_z)  # stability hook
+            iqn = quantile_huber_loss(pred, iqn_target, taus, cfg.kappa).mean(dim=-1)  # [B]
+        else:
+            iqn = torch.zeros_like(c51)
+
+        per_sample = c51 + cfg.iqn_weight * iqn
+        loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
+        with torch.no_grad():
+            q_taken = (torch.softmax(logits, dim=-1) * z).sum(dim=-1)
+            info = {
+                "loss": loss.detach(),
+                "c51_loss": c51.mean(),
+                "iqn_loss": iqn.mean(),
+                "q_mean": q_taken.mean(),
+                "target_mean": (target_probs * z).sum(dim=-1).mean(),
+                "priorities": c51.detach(),
+                "next_action": next_action,
+            }
+        return loss, info
+
+    def update(
+        self, batch: dict[str, Tensor], replay: ReplayBuffer | None = None
+    ) -> dict[str, Tensor]:
+        """One gradient step; refreshes priorities in ``replay``; hard-syncs the target network
+        every ``target_update_period`` updates. Returns the info dict (device tensors)."""
+        loss, info = self.compute_loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.grad_clip is not None:  # stability hook: the adaptive clip goes here
+            grad_norm = self.grad_clip(list(self.online.parameters()))
+            if grad_norm is not None:
+                info["grad_norm"] = grad_norm
+        self.optimizer.step()
+        if replay is not None:
+            replay.update_priorities(batch["indices"], info["priorities"])
+        self.num_updates += 1
+        if self.num_updates % self.config.target_update_period == 0:
+            self.sync_target()
+        return info
+
+    @torch.no_grad()
+    def sync_target(self) -> None:
+        """Hard copy θ⁻ ← θ."""
+        for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
+            t.copy_(o)
+
+    # --- checkpointing --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "branch_sizes": list(self.branch_sizes),
+            "obs_dim": self.obs_dim,
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "num_updates": self.num_updates,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = AgentConfig.from_dict(state["config"])
+        if (saved, state["branch_sizes"], state["obs_dim"]) != (
+            self.config,
+            self.branch_sizes,
+            self.obs_dim,
+        ):
+            raise ValueError(
+                "agent state was saved with a different config, branch sizes or obs_dim "
+                f"({state['branch_sizes']}, {state['obs_dim']}); construct the agent with "
+                "AgentConfig.from_dict(state['config']) to resume"
+            )
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_updates = int(state["num_updates"])
+        self.generator.set_state(state["generator"])
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
