@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trimtab.lifecycle import Lifecycle
-from trimtab.rl.agent import AgentConfig, DQNAgent
+from trimtab.rl.agent import AgentConfig, DQNAgent, StepGuard
 
 SMALL = AgentConfig(
     hidden=32, depth=1, n_atoms=11, n_tau=8, n_tau_target=8, iqn_embed=16, batch_size=64,
@@ -145,7 +145,7 @@ def test_act_explores_per_branch_inside_branch_sizes():
     assert agent.epsilon(10**6) == SMALL.eps_end
 
 
-def test_hooks_support_fn_and_target_transform():
+def test_hooks_support_fn_and_step_guard():
     calls = []
     v_min, v_max = torch.tensor([0.0, 10.0]), torch.tensor([1.0, 11.0])
 
@@ -153,15 +153,40 @@ def test_hooks_support_fn_and_target_transform():
         calls.append("support")
         return v_min, v_max
 
+    class Recorder(StepGuard):
+        def targets(self, x, kind):
+            calls.append((kind, tuple(x.shape)))
+            return torch.zeros_like(x)
+
+        def after_forward(self, loss, info):
+            calls.append("forward")
+
+        def after_backward(self, net, info):
+            calls.append(("backward", all(p.grad is not None for p in net.parameters())))
+            info["grad_norm"] = torch.tensor(1.5)
+
+        def step(self, optimizer):
+            calls.append("step")
+            optimizer.step()
+
+        def after_step(self):
+            calls.append("after_step")
+
     agent = DQNAgent(3, [2, 2], SMALL, support_fn=support)
-    agent.target_transform = lambda t: calls.append(tuple(t.shape)) or torch.zeros_like(t)
-    grads = []
-    agent.grad_clip = lambda params: grads.append(len(params)) or torch.tensor(1.5)
+    agent.guard = Recorder()
     info = agent.update(_batch())
     # T z = 0 is clipped to each branch's own V_min: 0 and 10, so the mean target is 5
     torch.testing.assert_close(info["target_mean"], torch.tensor(5.0))
-    assert calls == ["support", (16, 2, 11), (16, 8, 2)]  # C51 atoms, then IQN targets
-    assert grads == [len(list(agent.online.parameters()))] and info["grad_norm"] == 1.5
+    assert calls == [
+        "support",
+        ("c51", (16, 2, 11)),  # C51 atoms, then IQN targets
+        ("iqn", (16, 8, 2)),
+        "forward",
+        ("backward", True),
+        "step",
+        "after_step",
+    ]
+    assert info["grad_norm"] == 1.5
     assert all(isinstance(v, torch.Tensor) for v in info.values())
 
 

@@ -16,10 +16,35 @@ from trimtab.rl.losses import atoms, c51_loss, c51_projection, quantile_huber_lo
 from trimtab.rl.networks import BranchingQNetwork
 from trimtab.rl.replay import ReplayBuffer
 
-__all__ = ["AgentConfig", "DQNAgent"]
+__all__ = ["AgentConfig", "DQNAgent", "StepGuard"]
 
 SupportFn = Callable[[], tuple[Tensor, Tensor]]
-GradClip = Callable[[list[nn.Parameter]], "Tensor | None"]
+
+
+class StepGuard:
+    """The stability hooks of one gradient step; this base class does nothing.
+
+    The trainer's :class:`trimtab.rl.stability.Stability` overrides them with the adaptive
+    target clamp, the sentinel checks, the gradient clip and the non-finite policy. Every
+    method must stay free of host syncs.
+    """
+
+    def targets(self, x: Tensor, kind: str) -> Tensor:
+        """Bellman targets before use: ``kind`` is ``"c51"`` (``T z``) or ``"iqn"``."""
+        return x
+
+    def after_forward(self, loss: Tensor, info: dict[str, Tensor]) -> None:
+        """The loss and its forward tensors exist (sentinel phase ``forward``)."""
+
+    def after_backward(self, net: nn.Module, info: dict[str, Tensor]) -> None:
+        """Gradients exist (sentinel phase ``backward``, then the gradient clip)."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Apply the optimizer step (a guard may skip or sanitise it without a sync)."""
+        optimizer.step()
+
+    def after_step(self) -> None:
+        """Weights and moments are updated (sentinel phase ``optimizer``)."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +173,7 @@ class DQNAgent:
         )
         self._sizes = torch.tensor(self.branch_sizes, device=self.device)
         self.support_fn: SupportFn = support_fn if support_fn is not None else self.fixed_support
-        self.target_transform: Callable[[Tensor], Tensor] = _identity
-        self.grad_clip: GradClip | None = None
+        self.guard = StepGuard()
         self.num_updates = 0
         active_lifecycle().register_target_sync(self.online, self.target, name="agent.target")
 
@@ -214,7 +238,7 @@ class DQNAgent:
             next_action = self.online.q_values(next_online.logits, z).argmax(dim=-1)  # [B, D]
             next_target = self.target(next_obs)
             next_probs = torch.softmax(_logits_at(next_target.logits, next_action), dim=-1)
-            tz = self.target_transform(reward + discount * z)  # [B, D, N]  (stability hook)
+            tz = self.guard.targets(reward + discount * z, "c51")  # [B, D, N]  (stability)
             target_probs = c51_projection(tz, next_probs, v_min, v_max)
         c51 = c51_loss(logits, target_probs).mean(dim=-1)  # [B], averaged over branches
 
@@ -227,7 +251,7 @@ class DQNAgent:
                 )
                 next_z = self.target.quantiles(next_target.trunk, taus_next)
                 next_z = _quantiles_at(next_z, next_action)  # [B, T', D]
-                iqn_target = self.target_transform(reward + discount * next_z)  # stability hook
+                iqn_target = self.guard.targets(reward + discount * next_z, "iqn")  # stability
             iqn = quantile_huber_loss(pred, iqn_target, taus, cfg.kappa).mean(dim=-1)  # [B]
         else:
             iqn = torch.zeros_like(c51)
@@ -253,13 +277,14 @@ class DQNAgent:
         """One gradient step; refreshes priorities in ``replay``; hard-syncs the target network
         every ``target_update_period`` updates. Returns the info dict (device tensors)."""
         loss, info = self.compute_loss(batch)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.guard.after_forward(loss, info)  # stability: sentinel "forward"
+        # Gradients keep their buffers (set_to_none=False): a sentinel's pointer table and a
+        # captured CUDA graph both need stable addresses.
+        self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
-        if self.grad_clip is not None:  # stability hook: the adaptive clip goes here
-            grad_norm = self.grad_clip(list(self.online.parameters()))
-            if grad_norm is not None:
-                info["grad_norm"] = grad_norm
-        self.optimizer.step()
+        self.guard.after_backward(self.online, info)  # stability: sentinel "backward", clip
+        self.guard.step(self.optimizer)  # stability: skip or sanitise a non-finite step
+        self.guard.after_step()  # stability: sentinel "optimizer"
         if replay is not None:
             replay.update_priorities(batch["indices"], info["priorities"])
         self.num_updates += 1
@@ -303,7 +328,3 @@ class DQNAgent:
         self.optimizer.load_state_dict(state["optimizer"])
         self.num_updates = int(state["num_updates"])
         self.generator.set_state(state["generator"])
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
