@@ -26,13 +26,13 @@ import datetime
 import json
 import math
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from trimtab import AdaptiveEMA
+from trimtab.benchmarking import commit
 
 FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
 SIGNALS = ("stationary", "step", "random_walk", "drift", "spikes")
@@ -115,14 +115,6 @@ def markdown(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    try:
-        cmd = ["git", "rev-parse", "HEAD"]
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="300 steps, 2 seeds (for tests)")
@@ -136,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     report: dict[str, object] = {
         "benchmark": "ema",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": commit(),
         "machine": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,

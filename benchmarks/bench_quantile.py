@@ -14,13 +14,14 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from trimtab.benchmarking import commit
 
 Q = 0.99
 DEFAULT_OUT = Path(__file__).parent / "results" / "quantile.json"
@@ -123,7 +124,7 @@ def _mlp_batch(total: int, device: torch.device, layers: int = 12) -> list[torch
 
 
 def run(quick: bool, sweep: bool) -> dict:
-    use_cuda = torch.cuda.is_available() and not quick
+    use_cuda = torch.cuda.is_available()  # --quick: tiny sizes, on the GPU where there is one
     device = torch.device("cuda" if use_cuda else "cpu")
     if not use_cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel module loads
@@ -201,33 +202,24 @@ def _markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).parent,
-        )  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, CPU interpreter")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (interpreter without CUDA)"
+    )
     parser.add_argument("--sweep", action="store_true", help="also time kernel tunables (GPU)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     args = parser.parse_args(argv)
     result = run(args.quick, args.sweep)
     import triton
 
-    cuda = torch.cuda.is_available() and not args.quick
+    cuda = torch.cuda.is_available()
     result.update(
         device=torch.cuda.get_device_name() if cuda else "cpu (TRITON_INTERPRET)",
         torch=torch.__version__,
         triton=triton.__version__,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        commit=_git_commit(),
+        commit=commit(),
         q=Q,
         bytes_counted="elements * itemsize, one read of the input",
     )

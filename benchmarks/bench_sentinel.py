@@ -19,7 +19,6 @@ import datetime
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from trimtab import Sentinel
+from trimtab.benchmarking import commit
 from trimtab.sentinel import Rule
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "sentinel.json"
@@ -142,14 +142,6 @@ def markdown(results: dict[str, dict[str, float]], nbytes: int) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    try:
-        cmd = ["git", "rev-parse", "HEAD"]
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _triton_version() -> str | None:
     try:
         import triton
@@ -176,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     report: dict[str, object] = {
         "benchmark": "sentinel",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": commit(),
         "machine": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,

@@ -22,6 +22,9 @@ _EXPORTS: dict[str, str] = {
     "Sentinel": "trimtab.sentinel",
     "NonFiniteError": "trimtab.sentinel",
     "Rule": "trimtab.sentinel",
+    "AdaptiveGradClip": "trimtab.clip",
+    "EngagementCorrection": "trimtab.engagement",
+    "optim": "trimtab.optim",
     "clamp_finite_": "trimtab.clamp",
     "guard_": "trimtab.clamp",
 }
@@ -33,7 +36,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trimtab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    mod = importlib.import_module(module)
+    value = mod if module == f"trimtab.{name}" else getattr(mod, name)
     globals()[name] = value
     return value
 

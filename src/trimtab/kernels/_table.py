@@ -56,9 +56,7 @@ def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
     starts = [0]
     for b in blocks:
         starts.append(starts[-1] + b)
-    host = torch.tensor(
-        [[t.data_ptr() for t in tensors], numels, starts[:-1]], dtype=torch.int64
-    )
+    host = torch.tensor([[t.data_ptr() for t in tensors], numels, starts[:-1]], dtype=torch.int64)
     dev = host.to(device)
     table = PointerTable(
         ptrs=dev[0],

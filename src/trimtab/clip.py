@@ -1,0 +1,225 @@
+"""Adaptive gradient-norm clipping: the bound is a high quantile of recent norms, folded by the
+adaptive EMA and anchored so that a run of large norms cannot ratchet it up; no host sync.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from trimtab.clamp import clamp_finite_
+from trimtab.engagement import EngagementCorrection
+from trimtab.estimate import AdaptiveEMA
+from trimtab.lifecycle import register
+from trimtab.quantile import abs_quantiles
+from trimtab.state import LayoutMismatchError, Slot, StateVector
+
+__all__ = ["CLIP_BOUND_FLOOR", "NORM_EPS", "AdaptiveGradClip"]
+
+#: Cold-start floor of the norm bound (design invariant 3): the smallest normal float32, so a
+#: bound measured on all-zero gradients stays positive. Numerical only.
+CLIP_BOUND_FLOOR = torch.finfo(torch.float32).tiny
+#: Added to the norm in ``bound / (norm + eps)``, as ``torch.nn.utils.clip_grad_norm_`` does.
+NORM_EPS = 1e-6
+
+ParamsOrGroups = Iterable[torch.Tensor] | Iterable[Iterable[torch.Tensor]]
+
+
+class AdaptiveGradClip:
+    r"""Clip the gradient norm (global, or per group) at a bound measured from past norms.
+
+    Per step, with ``n_t`` the norm of the finite gradient tensors and ``b_t`` the bound:
+
+    1. **Sanitise.** A gradient tensor holding any NaN or ±Inf is zeroed as a whole (its finite
+       elements came out of the same broken backward): the per-tensor norms that the clip
+       computes anyway tell which ones, and its clip coefficient is set to 0; then
+       :func:`trimtab.clamp_finite_` (no bound) replaces the NaN/±Inf themselves, in one more
+       pass. :attr:`nonfinite` counts ``[tensors, elements]`` zeroed for that reason.
+    2. **Clip.** Every gradient is multiplied by ``min(1, b_t / (n_t + ε))``: a coefficient,
+       never a host-side branch (``torch.nn.utils.clip_grad_norm_``'s rule). Unset bound
+       (the first step after construction or reset): no clip.
+    3. **Measure.** The *clipped* norm ``min(n_t, b_t)``, what actually reached the optimizer,
+       enters a window of the last ``window`` steps; the observation is the window's
+       ``q``-quantile (:func:`trimtab.abs_quantiles`, an exact order statistic), folded into the
+       bound's slot by an :class:`~trimtab.AdaptiveEMA`.
+
+    **Anchoring.** An EMA of raw norms ratchets: a run of large norms raises the bound, which
+    lets larger updates through, which grow the weights and the next norms (the failure that
+    AutoClip, Seetharaman et al. 2020, avoids with a percentile of the whole history, and ZClip,
+    2025, with z-scores whose EMA is fed the *clipped* norm). Here the history holds clipped
+    norms, so by itself the quantile can never rise above the bound in force: a burst of
+    elevated norms, however long, cannot lift it. Growth must instead pass the
+    :class:`~trimtab.EngagementCorrection` test: a clip at the ``q``-quantile should engage on
+    ``1 - q`` of steps; only when the smoothed clip rate is significantly above that (a binomial
+    test at :data:`~trimtab.engagement.FALSE_ALARM_PROB`; with one norm per step, more than about
+    a third of recent steps clipped, for ``q = 0.99``) is the observation raised toward the
+    current norm, by the fraction ``(f - p) / f`` derived there. A genuine, sustained change of
+    scale is therefore followed, within tens of steps; a transient one is not; and the bound
+    never exceeds the largest norm actually seen.
+
+    The bound lives in slot ``{prefix}_bound`` (one value per group) of a
+    :class:`~trimtab.StateVector`, its own or one passed in. Registers :meth:`reset` with the
+    active :class:`~trimtab.Lifecycle`. Nothing is read back to the host.
+
+    Example::
+
+        clip = trimtab.AdaptiveGradClip(model.parameters())
+        loss.backward()
+        norm = clip()          # like torch.nn.utils.clip_grad_norm_(params, max_norm)
+        opt.step()
+    """
+
+    def __init__(
+        self,
+        params_or_groups: ParamsOrGroups,
+        *,
+        quantile: float = 0.99,
+        window: int = 1000,
+        per_group: bool = False,
+        state_vector: StateVector | None = None,
+        prefix: str = "grad_clip",
+    ) -> None:
+        groups = self._as_groups(params_or_groups)
+        if isinstance(quantile, bool) or not isinstance(quantile, float) or not 0 < quantile < 1:
+            raise ValueError(f"quantile must be a float in (0, 1), got {quantile!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
+        self.groups = groups
+        self.per_group = per_group
+        self.quantile = quantile
+        self.window = window
+        self.prefix = prefix
+        params = [p for g in groups for p in g]
+        if not params:
+            raise ValueError("AdaptiveGradClip got an empty parameter list")
+        self.device = params[0].device
+        if any(p.device != self.device for p in params):
+            raise ValueError("all parameters must be on one device")
+        self.num_bounds = len(groups) if per_group else 1
+        slot = Slot(f"{prefix}_bound", size=self.num_bounds, doc="gradient-norm clip bound")
+        if state_vector is None:
+            state_vector = StateVector([slot], device=self.device)
+        elif slot.name not in state_vector or state_vector.index(slot.name)[1] != slot.size:
+            raise LayoutMismatchError(
+                f"state_vector needs a slot {slot.name!r} of size {slot.size}; include "
+                f"Slot({slot.name!r}, size={slot.size}) in its layout"
+            )
+        self.state_vector = state_vector
+        self._ema = AdaptiveEMA(self.num_bounds, device=self.device)
+        self.engagement = EngagementCorrection(
+            self.num_bounds, expected_rate=1.0 - quantile, device=self.device, name=f"{prefix}"
+        )
+        self._history = torch.full((self.num_bounds, window), math.nan, device=self.device)
+        self._count = torch.zeros((), dtype=torch.int64, device=self.device)
+        #: ``[tensors, elements]`` of gradient that held NaN or ±Inf, zeroed (int64, device).
+        self.nonfinite = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self._clamp_counter = torch.zeros(2, dtype=torch.int64, device=self.device)
+        #: Steps on which each bound clipped (int64 [num_bounds], on the device).
+        self.engaged = torch.zeros(self.num_bounds, dtype=torch.int64, device=self.device)
+        self._group_index: dict[tuple[int, ...], torch.Tensor] = {}
+        register(self, "reset", name=f"clip[{prefix}]", what="forget norm history and bound")
+
+    @staticmethod
+    def _as_groups(params_or_groups: Any) -> list[list[torch.Tensor]]:
+        if isinstance(params_or_groups, torch.Tensor):
+            return [[params_or_groups]]
+        items = list(params_or_groups)
+        if items and all(isinstance(x, dict) for x in items):  # optimizer-style param groups
+            return [list(x["params"]) for x in items]
+        if items and all(isinstance(x, torch.Tensor) for x in items):
+            return [items]
+        if all(not isinstance(x, torch.Tensor) for x in items):
+            return [list(g) for g in items]
+        raise TypeError("pass tensors, or groups of tensors (lists or optimizer param groups)")
+
+    @property
+    def bound(self) -> torch.Tensor:
+        """The bound slot as consumers read it (NaN while unset)."""
+        return self.state_vector.view(f"{self.prefix}_bound").reshape(-1)
+
+    def reset(self) -> None:
+        """Forget history, bound and counts (a fold boundary); in place."""
+        self._ema.reset()
+        self.engagement.reset()
+        self._history.fill_(math.nan)
+        self._count.zero_()
+        self.bound.fill_(math.nan)
+        self.nonfinite.zero_()
+        self.engaged.zero_()
+
+    @torch.no_grad()
+    def __call__(self, params: Iterable[torch.Tensor] | None = None) -> torch.Tensor:
+        """Sanitise and clip the gradients; returns the total norm of the finite gradients
+        before clipping (a 0-dim device tensor, as ``clip_grad_norm_``). ``params`` defaults
+        to the parameters given at construction (then grouped as given)."""
+        if params is None:
+            pairs = [(gi, p) for gi, g in enumerate(self.groups) for p in g]
+        else:
+            pairs = [(0, p) for p in params]
+        pairs = [(gi if self.per_group else 0, p) for gi, p in pairs if p.grad is not None]
+        if not pairs:
+            return torch.zeros((), device=self.device)
+        grads = [p.grad for _, p in pairs]
+        norms = torch.stack(torch._foreach_norm(grads)).float()
+        finite = torch.isfinite(norms)
+        self.nonfinite[0].add_((~finite).sum())
+        sq = torch.where(finite, norms, 0.0).square()
+        key = tuple(gi for gi, _ in pairs)
+        index = self._group_index.get(key)
+        if index is None:
+            index = torch.tensor(key, dtype=torch.int64).to(self.device)
+            self._group_index[key] = index
+        group_norm = torch.zeros(self.num_bounds, device=self.device).index_add_(0, index, sq)
+        group_norm = group_norm.sqrt()
+        total = sq.sum().sqrt()
+
+        slot = self.bound
+        floor = torch.full((), CLIP_BOUND_FLOOR, device=self.device)
+        bound = torch.where(torch.isnan(slot), math.inf, torch.fmax(slot, floor))
+        coef = (bound / (group_norm + NORM_EPS)).clamp(max=1.0)
+        per_tensor = torch.where(finite, coef[index], 0.0)
+        torch._foreach_mul_(grads, [c.to(g.dtype) for c, g in zip(per_tensor.unbind(), grads)])
+        # NaN * 0 is NaN: the non-finite elements themselves are replaced by the sanitiser.
+        self._clamp_counter.zero_()
+        for g in grads:
+            clamp_finite_(g, math.nan, self._clamp_counter)
+        self.nonfinite[1].add_(self._clamp_counter[1])
+
+        engaged = group_norm > bound
+        self.engaged.add_(engaged.to(torch.int64))
+        self.engagement.observe(engaged.float(), 1, group_norm)
+        position = (self._count % self.window).reshape(1, 1).expand(self.num_bounds, 1)
+        self._history.scatter_(1, position, torch.minimum(group_norm, bound)[:, None])
+        self._count.add_(1)
+        observation = abs_quantiles(list(self._history.unbind()), self.quantile)
+        est = self._ema.update(self.engagement.correct(observation))
+        slot.copy_(est)
+        return total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "state_vector": self.state_vector.state_dict(),
+            "ema": self._ema.state_dict(),
+            "engagement": self.engagement.state_dict(),
+            "history": self._history.clone(),
+            "count": self._count.clone(),
+            "nonfinite": self.nonfinite.clone(),
+            "engaged": self.engaged.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if tuple(state["history"].shape) != tuple(self._history.shape):
+            raise ValueError(
+                f"clip history has shape {tuple(state['history'].shape)}, this clip "
+                f"{tuple(self._history.shape)} (window, per_group must match the saved run)"
+            )
+        self.state_vector.load_state_dict(state["state_vector"])
+        self._ema.load_state_dict(state["ema"])
+        self.engagement.load_state_dict(state["engagement"])
+        self._history.copy_(state["history"])
+        self._count.copy_(state["count"])
+        self.nonfinite.copy_(state["nonfinite"])
+        self.engaged.copy_(state["engaged"])

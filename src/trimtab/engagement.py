@@ -1,0 +1,229 @@
+"""Engagement-rate correction: a clamp at a p-quantile bound should cut about 1 - p of what it
+sees; a significant, sustained excess means the bound is stale, and it is raised toward the max.
+
+One class serves every consumer (the optimizer's weight clamp, the gradient clip, the trainer's
+target and activation clamps): design invariant 5, one implementation per mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trimtab.estimate import AdaptiveEMA
+from trimtab.lifecycle import register
+
+__all__ = ["FALSE_ALARM_PROB", "EngagementCorrection", "normal_upper_quantile"]
+
+#: Probability, per consumer and step, of declaring a fresh bound stale: the significance level
+#: of the one-sided binomial test below. A statistical tail probability, not a gain: it fixes the
+#: z threshold (about 3.09), and a false alarm costs one small raise that the next observations
+#: undo.
+FALSE_ALARM_PROB = 1e-3
+
+
+def normal_upper_quantile(p: float) -> float:
+    """``z`` with ``P(Z > z) = p`` for a standard normal ``Z`` (``0 < p < 1``)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"tail probability must be in (0, 1), got {p!r}")
+    lo, hi = -40.0, 40.0
+    for _ in range(200):  # bisection on erfc: exact to double precision, runs once
+        mid = 0.5 * (lo + hi)
+        if 0.5 * math.erfc(mid / math.sqrt(2.0)) > p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+class EngagementCorrection:
+    r"""Detects a stale clamp bound from its engagement counts and raises it toward the max.
+
+    A consumer that clamps at the ``q``-quantile of what it sees should engage on a fraction
+    ``p = 1 - q`` (``expected_rate``) of the elements. Each step, consumer ``c`` reports
+    ``k_c`` engaged elements out of ``n_c`` and the largest finite magnitude it saw, ``M_c``.
+
+    **Rate.** The engaged fraction ``k_c / n_c`` is smoothed by an :class:`~trimtab.AdaptiveEMA`
+    (its rate is chosen from the signal: a one-step burst is smoothed away, a persistent excess
+    is tracked), giving :math:`\hat f_c`.
+
+    **Test.** Under the hypothesis that the bound is the true ``q``-quantile, ``k_c`` is
+    Binomial(``n_c``, ``p``). The bound is declared stale when
+
+    .. math:: z_c = \frac{\hat f_c - p}{\sqrt{p (1 - p) / n_c}} > z_\alpha,
+
+    ``z_α`` the upper normal quantile of :data:`FALSE_ALARM_PROB`. Using one step's ``n_c`` is
+    conservative: the smoothed fraction averages at least one step, so its variance is at most
+    the one-step binomial variance. With ``n_c = 1`` (a gradient clip: one norm per step) the
+    test fires only once :math:`\hat f` exceeds ``p + z_α \sqrt{p(1-p)}`` (about 0.32 for
+    ``p = 0.01``): a third of recent steps clipped.
+
+    **Raise.** A stale bound ``b`` sits at the :math:`1 - \hat f` quantile of the data instead of
+    the ``1 - p`` one; the largest value ``M`` sits at quantile 1. Interpolating linearly in rank
+    between those two points puts the ``1 - p`` quantile a fraction
+
+    .. math:: r_c = \frac{\hat f_c - p}{\hat f_c} \in (0, 1)
+
+    of the way from ``b`` to ``M``, so :meth:`correct` returns :math:`b + r_c \, (M_c - b)`
+    while the test fires, and ``b`` unchanged otherwise. Linear interpolation overestimates the
+    quantile of a thin tail, and that is the safe side for a bound that was too tight; it never
+    goes past ``M``, and the consumer's estimator (which sees the corrected value as an
+    observation) smooths the step. Everything is computed on the device: no host sync.
+
+    Example::
+
+        corr = EngagementCorrection(1, expected_rate=0.01, device="cuda")
+        engaged = (x.abs() > bound).sum()
+        corr.observe(engaged, x.numel(), x.abs().amax())
+        obs = corr.correct(trimtab.abs_quantile(x, 0.99))   # then fold obs into the bound's EMA
+    """
+
+    def __init__(
+        self,
+        num_consumers: int,
+        expected_rate: float = 0.01,
+        device: torch.device | str | None = None,
+        *,
+        false_alarm_prob: float = FALSE_ALARM_PROB,
+        name: str = "engagement",
+    ) -> None:
+        if isinstance(num_consumers, bool) or not isinstance(num_consumers, int):
+            raise TypeError(f"num_consumers must be an int, got {type(num_consumers).__name__}")
+        if num_consumers < 1:
+            raise ValueError(f"num_consumers must be >= 1, got {num_consumers}")
+        if not isinstance(expected_rate, (int, float)) or not 0.0 < expected_rate < 1.0:
+            raise ValueError(
+                f"expected_rate must be a number in (0, 1) (1 - the bound's quantile), "
+                f"got {expected_rate!r}"
+            )
+        self.num_consumers = num_consumers
+        self.expected_rate = float(expected_rate)
+        self.z_threshold = normal_upper_quantile(false_alarm_prob)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self._fraction = AdaptiveEMA(num_consumers, device=self.device)
+        self._rate = torch.zeros(num_consumers, device=self.device)
+        self._max = torch.full((num_consumers,), math.nan, device=self.device)
+        self._z = torch.full((num_consumers,), math.nan, device=self.device)
+        self.engaged_total = torch.zeros(num_consumers, dtype=torch.int64, device=self.device)
+        self.seen_total = torch.zeros(num_consumers, dtype=torch.int64, device=self.device)
+        register(
+            self,
+            "reset",
+            name=f"{name}[{num_consumers}]",
+            what="forget engagement rates, raises and totals",
+        )
+
+    # --- state ----------------------------------------------------------------------------
+    @property
+    def fraction(self) -> torch.Tensor:
+        """The smoothed engaged fraction per consumer (NaN before the first observation)."""
+        return self._fraction.estimate
+
+    @property
+    def z(self) -> torch.Tensor:
+        """The last binomial z-score per consumer (NaN before the first observation)."""
+        return self._z
+
+    @property
+    def rate(self) -> torch.Tensor:
+        """The raise fraction :meth:`correct` applies now: 0 where the bound is not stale."""
+        return self._rate
+
+    @property
+    def stale(self) -> torch.Tensor:
+        """Bool per consumer: the last test declared the bound stale."""
+        return self._rate > 0
+
+    def reset(self) -> None:
+        """Forget everything (a fold boundary); tensors are reset in place for CUDA graphs."""
+        self._fraction.reset()
+        self._rate.zero_()
+        self._max.fill_(math.nan)
+        self._z.fill_(math.nan)
+        self.engaged_total.zero_()
+        self.seen_total.zero_()
+
+    # --- the step -------------------------------------------------------------------------
+    def _as_vector(self, value: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            value = torch.full((), float(value), device=self.device)  # a fill, not a copy
+        if value.device != self.device:
+            raise ValueError(
+                f"engagement inputs must be on {self.device}, got {value.device}; copying here "
+                "would hide a host round trip"
+            )
+        return value.to(dtype).reshape(-1).expand(self.num_consumers)
+
+    @torch.no_grad()
+    def observe(
+        self,
+        engaged: torch.Tensor | int,
+        total: torch.Tensor | int,
+        observed_max: torch.Tensor | float,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Fold one step's counts: ``engaged`` of ``total`` elements, largest finite magnitude
+        ``observed_max`` (each a scalar or ``[num_consumers]``). Consumers with ``total == 0``,
+        or off in the optional bool ``mask``, keep their state. Returns :attr:`rate`."""
+        k = self._as_vector(engaged, torch.float64)
+        n = self._as_vector(total, torch.float64)
+        top = self._as_vector(observed_max, torch.float32)
+        take = n > 0
+        if mask is not None:
+            take = take & mask
+        p = self.expected_rate
+        # 0/0 -> NaN, which the EMA ignores (consumers that saw nothing keep their estimate).
+        frac = torch.where(take, k / n, torch.full_like(n, math.nan)).float()
+        f = self._fraction.update(frac, take).double()
+        z = (f - p) / torch.sqrt(p * (1.0 - p) / n.clamp(min=1.0))
+        stale = take & (z > self.z_threshold)
+        rate = torch.where(stale, (f - p) / f, torch.zeros_like(f)).float()
+        self._rate.copy_(torch.where(take, rate, self._rate))
+        self._z.copy_(torch.where(take, z.float(), self._z))
+        self._max.copy_(torch.where(take & torch.isfinite(top), top, self._max))
+        self.engaged_total.add_(torch.where(take, k, 0.0).to(torch.int64))
+        self.seen_total.add_(torch.where(take, n, 0.0).to(torch.int64))
+        return self._rate
+
+    def correct(self, bound: torch.Tensor) -> torch.Tensor:
+        """``bound + rate * (max - bound)`` per consumer: raised toward the last observed max
+        where the last test declared it stale, unchanged elsewhere (and where it is NaN)."""
+        gap = (self._max - bound).clamp(min=0.0).nan_to_num(0.0)
+        return bound + self._rate.to(bound.dtype) * gap.to(bound.dtype)
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "fraction": self._fraction.state_dict(),
+            "rate": self._rate.clone(),
+            "max": self._max.clone(),
+            "z": self._z.clone(),
+            "engaged_total": self.engaged_total.clone(),
+            "seen_total": self.seen_total.clone(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._fraction.load_state_dict(state["fraction"])
+        for key, t in (
+            ("rate", self._rate),
+            ("max", self._max),
+            ("z", self._z),
+            ("engaged_total", self.engaged_total),
+            ("seen_total", self.seen_total),
+        ):
+            value = state[key]
+            if tuple(value.shape) != tuple(t.shape):
+                raise ValueError(
+                    f"engagement state {key!r} has shape {tuple(value.shape)}, expected "
+                    f"{tuple(t.shape)} ({self.num_consumers} consumers)"
+                )
+            t.copy_(value)
+
+    def __repr__(self) -> str:
+        return (
+            f"EngagementCorrection({self.num_consumers}, expected_rate={self.expected_rate}, "
+            f"z_threshold={self.z_threshold:.3f}, device={self.device})"
+        )

@@ -1,0 +1,489 @@
+"""``trimtab.optim.Adam``: AdamW whose weight bound, weight decay and L1 strength are measured.
+
+A real ``torch.optim.Optimizer`` (param groups, state dicts, LR schedulers, CUDA graphs); with
+every trimtab feature off it is ``torch.optim.AdamW``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from trimtab._impl import resolve_impl
+from trimtab.engagement import EngagementCorrection
+from trimtab.estimate import AdaptiveEMA
+from trimtab.lifecycle import register
+from trimtab.optim import _reference as ref
+from trimtab.state import LayoutMismatchError, Slot, StateVector
+
+__all__ = ["NORM_EPS", "SLOT_NAMES", "WEIGHT_BOUND_FLOOR", "Adam", "adam_slots"]
+
+#: The optimizer's slots, one value per parameter group each, in this order.
+SLOT_NAMES = ("weight_bound", "decay", "l1", "p99_w", "p99_m", "p99_v")
+_SLOT_DOCS = {
+    "weight_bound": "clamp bound of |w| per group: EMA of p99 |w|, raised by engagement",
+    "decay": "adaptive decoupled weight-decay rate per group (read as max(slot, 0))",
+    "l1": "L1 soft threshold per unit lr per group (read as max(slot, 0))",
+    "p99_w": "EMA of the q-quantile of |w| per group (before the clamp)",
+    "p99_m": "EMA of the q-quantile of |Adam first moment| per group",
+    "p99_v": "EMA of the q-quantile of Adam second moment per group",
+}
+
+#: Cold-start floor of a weight bound (design invariant 3): the smallest normal float32. Only
+#: numerical: it keeps a bound measured on all-zero weights (a zero-initialised bias) positive;
+#: such a bound engages on every weight that moves, and the engagement correction lifts it.
+WEIGHT_BOUND_FLOOR = torch.finfo(torch.float32).tiny
+#: Guard of ‖w‖² in the decay rate's denominator against all-zero weights (numerical only).
+NORM_EPS = 1e-30
+
+_INF = math.inf
+
+
+def adam_slots(num_groups: int, prefix: str = "adam") -> list[Slot]:
+    """The slots an :class:`Adam` over ``num_groups`` groups needs, to include in a shared
+    :class:`~trimtab.StateVector` passed as ``state_vector=``."""
+    return [
+        Slot(f"{prefix}_{n}", size=num_groups, reset="unset", doc=_SLOT_DOCS[n]) for n in SLOT_NAMES
+    ]
+
+
+def _check_group(group: Mapping[str, Any]) -> None:
+    lr = group["lr"]
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError("a tensor lr must have one element")
+    elif not lr >= 0.0:
+        raise ValueError(f"invalid learning rate {lr!r}: it must be >= 0")
+    if not group["eps"] >= 0.0:
+        raise ValueError(f"invalid eps {group['eps']!r}: it must be >= 0")
+    betas = group["betas"]
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"invalid betas {betas!r}: both must be in [0, 1)")
+    wd = group["weight_decay"]
+    if wd != "auto" and (isinstance(wd, (bool, str)) or not isinstance(wd, (int, float))):
+        raise ValueError(f"weight_decay must be 'auto' or a number >= 0, got {wd!r}")
+    if wd != "auto" and wd < 0:
+        raise ValueError(f"invalid weight_decay {wd!r}: it must be >= 0 (or 'auto')")
+    for key in ("weight_clamp", "l1", "capturable"):
+        if not isinstance(group[key], bool):
+            raise TypeError(f"{key} must be a bool, got {group[key]!r}")
+    if group.get("amsgrad", False):
+        raise ValueError(
+            "amsgrad is not supported by trimtab.optim.Adam (its max of second moments defeats "
+            "the moment statistics); use torch.optim.AdamW(amsgrad=True), or leave it False"
+        )
+
+
+class Adam(torch.optim.Optimizer):
+    r"""AdamW with a measured weight clamp, adaptive decoupled weight decay and an adaptive L1
+    proximal step, every magnitude read from a state-vector slot.
+
+    **Step** (per parameter group; ``u`` is the Adam direction, :math:`\eta` the lr):
+
+    .. math::
+        u = \hat m / (\sqrt{\hat v} + \epsilon), \quad
+        w \leftarrow \operatorname{clamp}\big(\operatorname{prox}_{\eta\lambda_1}
+        (w (1 - \eta\lambda) - \eta u),\ \pm b\big)
+
+    Bias correction and decoupled decay are AdamW's (Loshchilov & Hutter 2019). With
+    ``weight_decay=<float>``, ``weight_clamp=False`` and ``l1=False`` the arithmetic is exactly
+    ``torch.optim.AdamW``'s.
+
+    **Statistics oracle.** The same pass over ``w, g, m, v`` yields, per group,
+    ``Σ w·u, Σ w², Σ u², Σ|u|``, the q-quantile of ``|w|`` (after the update, before the
+    clamp), ``|m|`` and ``|v|``, the clamp's engagement count and the max ``|w|``; each step's
+    observation is folded into the slots by an :class:`~trimtab.AdaptiveEMA`. The coefficients
+    a step uses come from the slots as they stood before it (one step of lag, so the kernel
+    reads every tensor once). On CUDA one fused Triton kernel per group does update and
+    statistics together (:mod:`trimtab.kernels.optim`); the reference is
+    :func:`trimtab.optim._reference.adam_group_step_reference`.
+
+    **Weight clamp** (``weight_clamp=True``): ``|w| <= b``, ``b`` the group's ``weight_bound``
+    slot read as ``max(slot, WEIGHT_BOUND_FLOOR)``, no clamp while unset. The slot is the EMA
+    of p99 ``|w|`` raised by :class:`~trimtab.EngagementCorrection`: a clamp at the p99 engages
+    on about 1% of weights by construction; a significantly higher rate means the weights are
+    growing past a stale bound, and the observation is raised toward the observed max. No
+    multiplier appears anywhere.
+
+    **Adaptive decay** (``weight_decay="auto"``). The update is
+    :math:`w' = (1 - \eta\lambda) w - \eta u`, so per step
+
+    .. math::
+        \|w'\|^2 - \|w\|^2 = -2\eta\lambda\|w\|^2 - 2\eta\, w\cdot u + \eta^2\|u\|^2
+        + O(\eta^2\lambda),
+
+    which vanishes (``‖w‖`` in equilibrium) at
+
+    .. math:: \lambda^* = \frac{-w\cdot u + \tfrac{\eta}{2}\|u\|^2}{\max(\|w\|^2, \epsilon)}.
+
+    The observation :math:`\lambda^*` is smoothed by the EMA and read as ``max(slot, 0)``: decay
+    applies only while the update, on average, pushes the weights outward (the second term is
+    the random-walk growth of a noisy step). It uses the Adam direction ``u``, not the gradient
+    ``g``, for two reasons: ``u`` is the step actually applied, so only it makes the
+    equilibrium exact; and ``u`` is invariant to the loss scale, so ``λ`` is too, whereas
+    ``|w·g|/‖w‖²`` has units of gradient per weight and would change if the loss were
+    multiplied by 100. The sign matters for the same reason: ``|w·g|`` would decay weights that
+    the loss is already pulling in. ``weight_decay=<float>`` fixes the rate, ``0`` switches it
+    off.
+
+    **L1 proximal step** (``l1=True``; on parameters of two or more dims, whose dim 1 is the
+    input feature, e.g. a first ``nn.Linear`` over input features):
+    :math:`w \leftarrow \operatorname{sign}(w)\max(|w| - \eta\lambda_1, 0)` with
+
+    .. math::
+        \lambda_1 = D \cdot \overline{|u|}, \qquad
+        D = \frac{\log K - H(p)}{\log K}, \quad p_i = \frac{\|g_{:,i}\|}{\sum_j \|g_{:,j}\|}
+
+    over the ``K`` input features. ``D`` is the entropy deficit: 0 while gradients spread evenly
+    (no pruning), toward 1 as they concentrate on few features. The issue's rate
+    ``(mean|g| / mean|w|) · D`` is a rate per unit weight; in Adam the step is ``η u`` (``η``
+    carries the weight units, ``u`` is dimensionless), so the threshold per unit lr is the
+    dimensionless ``D · mean|u|``: the L1 pull is the fraction ``D`` of the mean Adam step, and
+    a weight survives only if its gradient signal is consistently stronger than that.
+
+    **State vector** (``state_vector=None``: its own) with the slots of :func:`adam_slots`:
+    ``{prefix}_weight_bound, _decay, _l1, _p99_w, _p99_m, _p99_v``, one value per group. Its
+    fingerprint goes into :meth:`state_dict`; a mismatched layout refuses to load.
+
+    **Reset**: :meth:`reset_state` zeroes moments and step counts and forgets every estimate;
+    the optimizer registers it with the active :class:`~trimtab.Lifecycle` on construction.
+
+    ``capturable=True`` keeps step counts on the device (the step can be captured in a CUDA
+    graph); the whole step makes no host sync either way. The Triton path (``impl=None`` on
+    CUDA, float32 contiguous parameters) always keeps steps on the device.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float | str = "auto",
+        *,
+        weight_clamp: bool = True,
+        l1: bool = False,
+        amsgrad: bool = False,
+        capturable: bool = False,
+        quantile: float = 0.99,
+        state_vector: StateVector | None = None,
+        prefix: str = "adam",
+        impl: str | None = None,
+    ) -> None:
+        if isinstance(quantile, bool) or not isinstance(quantile, float) or not 0 < quantile < 1:
+            raise ValueError(f"quantile must be a float in (0, 1), got {quantile!r}")
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            weight_clamp=weight_clamp,
+            l1=l1,
+            amsgrad=amsgrad,
+            capturable=capturable,
+        )
+        _check_group(defaults)
+        self._sealed = False
+        super().__init__(params, defaults)
+        self._sealed = True
+        self.quantile = quantile
+        self.prefix = prefix
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if not all_params:
+            raise ValueError("optimizer got an empty parameter list")
+        device = all_params[0].device
+        if any(p.device != device for p in all_params):
+            raise ValueError("all parameters must be on one device (one state vector per device)")
+        self.device = device
+        self.impl = self._choose_impl(impl, all_params)
+        num_groups = len(self.param_groups)
+        self.state_vector = self._make_state_vector(state_vector, num_groups, device)
+        self._ema = AdaptiveEMA(len(SLOT_NAMES) * num_groups, device=device)
+        # One engagement consumer per group: its weight clamp.
+        self.engagement = EngagementCorrection(
+            num_groups, expected_rate=1.0 - quantile, device=device, name=f"{prefix}.engagement"
+        )
+        self._lr_dev = torch.zeros(num_groups, device=device)
+        self._lr_host: list[Any] = [None] * num_groups
+        self._consts: dict[Any, torch.Tensor] = {}
+        if self.impl == "triton":
+            from trimtab.kernels import optim as kern
+
+            self._sums = torch.zeros(num_groups, kern.NUM_SUMS, device=device)
+            self._ints = torch.zeros(num_groups, kern.INT_WIDTH, dtype=torch.int32, device=device)
+            self._sel = torch.full((num_groups, 3), -1, dtype=torch.int32, device=device)
+        register(
+            self,
+            "reset_state",
+            name=f"optimizer[{prefix}]",
+            what="zero Adam moments and step counts; forget weight-bound, decay and L1 estimates",
+        )
+
+    # --- construction helpers -------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_sealed", False):
+            raise RuntimeError(
+                "trimtab.optim.Adam sizes its state-vector slots by the number of parameter "
+                "groups at construction; pass every group to the constructor"
+            )
+        super().add_param_group(param_group)
+        _check_group(self.param_groups[-1])
+
+    def _choose_impl(self, impl: str | None, params: list[torch.Tensor]) -> str:
+        chosen = resolve_impl(impl, params)
+        if chosen == "triton":
+            bad = [p for p in params if p.dtype != torch.float32 or not p.is_contiguous()]
+            if bad:
+                if impl == "triton":
+                    raise ValueError(
+                        "impl='triton' needs float32 contiguous parameters, got "
+                        f"{sorted({str(p.dtype) for p in bad})}; pass impl=None to use the "
+                        "PyTorch reference for them"
+                    )
+                return "torch"
+        return chosen
+
+    def _make_state_vector(
+        self, sv: StateVector | None, num_groups: int, device: torch.device
+    ) -> StateVector:
+        self._owns_sv = sv is None
+        if sv is None:
+            return StateVector(adam_slots(num_groups, self.prefix), device=device)
+        for slot in adam_slots(num_groups, self.prefix):
+            if slot.name not in sv:
+                raise LayoutMismatchError(
+                    f"state_vector has no slot {slot.name!r}; include "
+                    f"trimtab.optim.adam_slots({num_groups}, prefix={self.prefix!r}) in its layout"
+                )
+            if sv.index(slot.name)[1] != num_groups:
+                raise LayoutMismatchError(
+                    f"slot {slot.name!r} has size {sv.index(slot.name)[1]}, this optimizer has "
+                    f"{num_groups} parameter groups"
+                )
+        if sv.device != device:
+            raise ValueError(f"state_vector is on {sv.device}, the parameters on {device}")
+        return sv
+
+    def _const(self, key: Any, values: list[Any], dtype: torch.dtype) -> torch.Tensor:
+        """A device tensor of host ``values``, built once per distinct value (no per-step copy)."""
+        full_key = (key, tuple(values), dtype)
+        t = self._consts.get(full_key)
+        if t is None:
+            t = torch.tensor(values, dtype=dtype).to(self.device)
+            self._consts[full_key] = t
+        return t
+
+    def _slot(self, name: str) -> torch.Tensor:
+        return self.state_vector.view(f"{self.prefix}_{name}").reshape(-1)
+
+    # --- the step -------------------------------------------------------------------------
+    def _lr_vector(self) -> torch.Tensor:
+        for i, group in enumerate(self.param_groups):
+            lr = group["lr"]
+            if isinstance(lr, torch.Tensor):
+                self._lr_dev[i].copy_(lr.reshape(()))
+            elif self._lr_host[i] != lr:
+                self._lr_dev[i].fill_(lr)  # a fill with a host scalar: no copy, no sync
+                self._lr_host[i] = lr
+        return self._lr_dev
+
+    def _coefficients(self) -> torch.Tensor:
+        """``[G, 3]``: the decay rate, L1 threshold per lr and weight bound each group uses."""
+        groups = self.param_groups
+        auto = self._const("auto", [g["weight_decay"] == "auto" for g in groups], torch.bool)
+        fixed = self._const(
+            "fixed",
+            [0.0 if g["weight_decay"] == "auto" else float(g["weight_decay"]) for g in groups],
+            torch.float32,
+        )
+        decay = torch.where(auto, torch.fmax(self._slot("decay"), fixed.new_zeros(())), fixed)
+        l1 = torch.fmax(self._slot("l1"), fixed.new_zeros(()))
+        wb = self._slot("weight_bound")
+        floor = torch.full((), WEIGHT_BOUND_FLOOR, device=self.device)
+        bound = torch.where(torch.isnan(wb), _INF, torch.fmax(wb, floor))
+        return torch.stack([decay, l1, bound], dim=1)
+
+    @staticmethod
+    def _needs_stats(group: Mapping[str, Any]) -> bool:
+        return group["weight_decay"] == "auto" or group["weight_clamp"] or group["l1"]
+
+    def _state_of(self, p: torch.Tensor, group: Mapping[str, Any]) -> dict[str, Any]:
+        state = self.state[p]
+        on_device = group["capturable"] or self.impl == "triton"
+        step_device = p.device if on_device else torch.device("cpu")
+        if len(state) == 0:
+            fmt = torch.contiguous_format if self.impl == "triton" else torch.preserve_format
+            state["step"] = torch.zeros((), dtype=torch.float32, device=step_device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=fmt)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=fmt)
+        elif state["step"].device != step_device:  # e.g. loaded from a non-capturable run
+            state["step"] = state["step"].to(device=step_device, dtype=torch.float32)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One optimizer step over every parameter with a gradient; no host sync."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        coef = self._coefficients()
+        num_groups = len(self.param_groups)
+        observed = [False] * num_groups
+        rows: list[torch.Tensor | None] = [None] * num_groups
+        deficits: list[torch.Tensor | None] = [None] * num_groups
+        triton = self.impl == "triton"
+        if triton:
+            from trimtab.kernels import optim as kern
+
+            self._sums.zero_()
+            self._ints.zero_()
+        for gi, group in enumerate(self.param_groups):
+            params, grads, ms, vs, steps = [], [], [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("trimtab.optim.Adam does not support sparse gradients")
+                state = self._state_of(p, group)
+                params.append(p)
+                grads.append(p.grad)
+                ms.append(state["exp_avg"])
+                vs.append(state["exp_avg_sq"])
+                steps.append(state["step"])
+            if not params:
+                continue
+            stats = self._needs_stats(group)
+            observed[gi] = stats
+            l1_flags = [group["l1"] and p.dim() >= 2 for p in params]
+            beta1, beta2 = group["betas"]
+            wd = group["weight_decay"]
+            if triton:
+                lr = group["lr"]
+                if isinstance(lr, torch.Tensor):
+                    raise ValueError(
+                        "the Triton path takes a Python float lr; use impl='torch' for a tensor lr"
+                    )
+                torch._foreach_add_(steps, 1.0)
+                grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
+                kern.adam_group_step_triton(
+                    params, grads, ms, vs, torch.stack(steps),
+                    self._const(("l1", gi), [int(f) for f in l1_flags], torch.int32),
+                    coef[gi], self._sums[gi], self._ints[gi], self._sel[gi],
+                    lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"], stats=stats,
+                    l1=group["l1"], clamp=group["weight_clamp"],
+                )  # fmt: skip
+                if group["l1"] and stats:
+                    cols = [ref.feature_axis_sq_norms(g) for g, f in zip(grads, l1_flags) if f]
+                    deficits[gi] = ref.entropy_deficit(cols, self.device)
+            else:
+                rows[gi] = ref.adam_group_step_reference(
+                    params, grads, ms, vs, steps,
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=coef[gi, 0] if wd == "auto" else wd,
+                    l1=coef[gi, 1] if group["l1"] else None, l1_params=l1_flags,
+                    bound=coef[gi, 2] if group["weight_clamp"] else None,
+                    capturable=group["capturable"], stats=stats, quantile=self.quantile,
+                )  # fmt: skip
+        if any(observed):
+            stats_rows = self._kernel_rows(deficits) if triton else self._reference_rows(rows)
+            self._fold(stats_rows, observed)
+        return loss
+
+    def _reference_rows(self, rows: list[torch.Tensor | None]) -> torch.Tensor:
+        nan = torch.full((ref.NUM_STATS,), math.nan, device=self.device)
+        return torch.stack([nan if r is None else r.to(self.device) for r in rows])
+
+    def _kernel_rows(self, deficits: list[torch.Tensor | None]) -> torch.Tensor:
+        from trimtab.kernels import optim as kern
+
+        q, n = kern.finish_quantiles(self._ints, self._sel, self.quantile)
+        nan = torch.full((), math.nan, device=self.device)
+        deficit = torch.stack([nan if d is None else d.float() for d in deficits])
+        cols = [
+            self._sums,
+            n[:, :1].float(),
+            self._ints[:, kern.INT_ENGAGED : kern.INT_ENGAGED + 1].float(),
+            self._ints[:, kern.INT_MAXBITS : kern.INT_MAXBITS + 1].view(torch.float32),
+            q,
+            deficit[:, None],
+        ]
+        return torch.cat(cols, dim=1)
+
+    def _fold(self, s: torch.Tensor, observed: list[bool]) -> None:
+        """Turn one step's raw statistics ``[G, NUM_STATS]`` into observations and fold them."""
+        groups = self.param_groups
+        seen = self._const("observed", observed, torch.bool)
+        clamp = seen & self._const("clamp", [g["weight_clamp"] for g in groups], torch.bool)
+        auto = seen & self._const("auto", [g["weight_decay"] == "auto" for g in groups], torch.bool)
+        l1 = seen & self._const("l1on", [g["l1"] for g in groups], torch.bool)
+        lr = self._lr_vector()
+        count = s[:, ref.COUNT]
+        decay_obs = (-s[:, ref.SUM_WU] + 0.5 * lr * s[:, ref.SUM_UU]) / s[:, ref.SUM_WW].clamp(
+            min=NORM_EPS
+        )
+        l1_obs = s[:, ref.DEFICIT] * s[:, ref.SUM_ABS_U] / count  # 0/0 -> NaN: ignored
+        self.engagement.observe(s[:, ref.ENGAGED], count, s[:, ref.MAX_W], mask=clamp)
+        bound_obs = self.engagement.correct(s[:, ref.Q_W])
+        obs = torch.stack(
+            [bound_obs, decay_obs, l1_obs, s[:, ref.Q_W], s[:, ref.Q_M], s[:, ref.Q_V]]
+        )
+        mask = torch.stack([clamp, auto, l1, seen, seen, seen])
+        est = self._ema.update(obs.reshape(-1).float(), mask.reshape(-1))
+        num_groups = len(groups)
+        for i, name in enumerate(SLOT_NAMES):
+            self._slot(name).copy_(est[i * num_groups : (i + 1) * num_groups])
+
+    # --- lifecycle ------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset_state(self) -> None:
+        """Zero moments and step counts, forget every estimate: the next step is that of a
+        fresh optimizer. In place, so a captured CUDA graph keeps working."""
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                if key in state:
+                    state[key].zero_()
+        self._ema.reset()
+        self.engagement.reset()
+        for name in SLOT_NAMES:
+            self._slot(name).fill_(math.nan)
+        if self.impl == "triton":
+            self._sel.fill_(-1)
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["trimtab"] = {
+            "state_vector": self.state_vector.state_dict(),
+            "ema": self._ema.state_dict(),
+            "engagement": self.engagement.state_dict(),
+            "quantile_bins": self._sel.clone() if self.impl == "triton" else None,
+        }
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("trimtab", None)
+        if extra is None:
+            raise LayoutMismatchError(
+                "this state dict has no 'trimtab' entry (it was not saved by "
+                "trimtab.optim.Adam.state_dict()); load the moments into torch.optim.AdamW, or "
+                "start this optimizer fresh"
+            )
+        # Check the layout before touching anything, so a refused load changes nothing.
+        saved = extra["state_vector"]
+        if saved.get("fingerprint") != self.state_vector.fingerprint:
+            self.state_vector.load_state_dict(saved)  # raises LayoutMismatchError with a diff
+        super().load_state_dict(state_dict)
+        self.state_vector.load_state_dict(saved)
+        self._ema.load_state_dict(extra["ema"])
+        self.engagement.load_state_dict(extra["engagement"])
+        if self.impl == "triton" and extra.get("quantile_bins") is not None:
+            self._sel.copy_(extra["quantile_bins"])
+        elif self.impl == "triton":
+            self._sel.fill_(-1)
+        for group in self.param_groups:
+            _check_group(group)

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trimtab.clip import AdaptiveGradClip
+from trimtab.lifecycle import Lifecycle
+from trimtab.state import LayoutMismatchError, StateVector
+
+
+def params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).requires_grad_() for s in [(10, 10), (0,), (7,)]]
+
+
+def feed(ps, scale, gen):
+    for p in ps:
+        p.grad = scale * torch.randn(p.shape, generator=gen)
+
+
+def test_first_call_does_not_clip_and_returns_the_norm_like_clip_grad_norm():
+    ps = params()
+    gen = torch.Generator().manual_seed(0)
+    feed(ps, 1.0, gen)
+    expected = torch.nn.utils.clip_grad_norm_(ps, math.inf)
+    grads = [p.grad.clone() for p in ps]
+    clip = AdaptiveGradClip(ps)
+    torch.testing.assert_close(clip(), expected)
+    for p, g in zip(ps, grads):
+        torch.testing.assert_close(p.grad, g)
+    assert clip.bound.isfinite().all()
+
+
+def test_a_spike_is_clipped_to_the_bound_and_the_norm_before_clipping_is_returned():
+    ps = params()
+    gen = torch.Generator().manual_seed(1)
+    clip = AdaptiveGradClip(ps)
+    for _ in range(50):
+        feed(ps, 1.0, gen)
+        clip()
+    bound = clip.bound.clone()
+    feed(ps, 100.0, gen)
+    norm = clip()
+    assert norm > 50 * bound
+    after = torch.stack([p.grad.norm() for p in ps]).norm()
+    torch.testing.assert_close(after, bound[0], rtol=1e-5, atol=0)
+    assert clip.engaged.item() >= 1
+
+
+def test_a_burst_of_large_norms_cannot_ratchet_the_bound():
+    ps = params()
+    gen = torch.Generator().manual_seed(2)
+    clip = AdaptiveGradClip(ps)
+    for _ in range(100):
+        feed(ps, 1.0, gen)
+        clip()
+    before = clip.bound.item()
+    for _ in range(20):
+        feed(ps, 30.0, gen)
+        clip()
+    assert clip.bound.item() <= before * 1.05
+
+
+def test_a_sustained_change_of_scale_is_followed_but_not_passed():
+    ps = params()
+    gen = torch.Generator().manual_seed(3)
+    clip = AdaptiveGradClip(ps)
+    for _ in range(50):
+        feed(ps, 1.0, gen)
+        clip()
+    before = clip.bound.item()
+    largest = 0.0
+    for _ in range(400):
+        feed(ps, 5.0, gen)
+        largest = max(largest, clip().item())
+    assert clip.bound.item() > 2.0 * before
+    assert clip.bound.item() <= largest
+
+
+def test_nonfinite_gradients_are_zeroed_and_counted():
+    ps = params()
+    gen = torch.Generator().manual_seed(4)
+    clip = AdaptiveGradClip(ps)
+    feed(ps, 1.0, gen)
+    ps[0].grad[1, 2] = math.nan
+    ps[2].grad[0] = math.inf
+    finite_norm = torch.stack([p.grad.norm() for p in ps[1:2]]).norm()
+    norm = clip()
+    torch.testing.assert_close(norm, finite_norm)
+    assert ps[0].grad.eq(0).all() and ps[2].grad.eq(0).all()
+    assert clip.nonfinite.tolist() == [2, 2]
+
+
+def test_per_group_bounds_are_independent():
+    a, b = params(0), params(1)
+    gen = torch.Generator().manual_seed(5)
+    clip = AdaptiveGradClip([a, b], per_group=True)
+    for _ in range(30):
+        feed(a, 1.0, gen)
+        feed(b, 10.0, gen)
+        clip()
+    ba, bb = clip.bound.tolist()
+    assert 5.0 < bb / ba < 20.0
+
+
+def test_reset_lifecycle_and_state_dict():
+    ps = params()
+    gen = torch.Generator().manual_seed(6)
+    with Lifecycle() as life:
+        clip = AdaptiveGradClip(ps, prefix="clip")
+    for _ in range(5):
+        feed(ps, 1.0, gen)
+        clip()
+    other = AdaptiveGradClip(ps, prefix="clip")
+    other.load_state_dict(clip.state_dict())
+    feed(ps, 3.0, gen)
+    grads = [p.grad.clone() for p in ps]
+    n1 = clip()
+    for p, g in zip(ps, grads):
+        p.grad = g.clone()
+    n2 = other()
+    torch.testing.assert_close(n1, n2)
+    torch.testing.assert_close(clip.bound, other.bound)
+    assert any(line.startswith("clip[clip]") for line in life.describe())
+    life.fold_boundary()
+    assert clip.bound.isnan().all() and clip.engaged.sum() == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "pattern"),
+    [
+        (dict(quantile=1.0), ValueError, "quantile"),
+        (dict(quantile=1), ValueError, "quantile"),
+        (dict(window=0), ValueError, "window"),
+        (dict(state_vector=StateVector([])), LayoutMismatchError, "grad_clip_bound"),
+    ],
+)
+def test_bad_arguments(kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        AdaptiveGradClip(params(), **kwargs)
+
+
+def test_empty_parameters_raise():
+    with pytest.raises(ValueError, match="empty parameter list"):
+        AdaptiveGradClip([])
+
+
+@pytest.mark.gpu
+def test_clip_makes_no_host_sync():
+    ps = [torch.randn(s, device="cuda", requires_grad=True) for s in [(100, 10), (10,)]]
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    clip = AdaptiveGradClip(ps)
+    clip()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            clip()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
