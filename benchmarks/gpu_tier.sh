@@ -13,14 +13,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -x -p no:cacheprovider tests --ignore=tests/rl 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  python3 -m pytest -q -p no:cacheprovider tests -k "not supervised" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
   for b in "${benches[@]}"; do
     if [[ -f benchmarks/bench_$b.py ]]; then
       echo "== bench_$b"
-      timeout 240 python3 benchmarks/bench_$b.py --out "$OUT/$b.json" 2>&1 | tee "$OUT/bench_$b.log" | tail -30
+      timeout 240 python3 benchmarks/bench_$b.py ${BENCH_ARGS:-} --out "$OUT/$b.json" 2>&1 | tee "$OUT/bench_$b.log" | tail -30
     fi
   done
 fi
