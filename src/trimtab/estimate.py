@@ -9,13 +9,12 @@ import math
 
 import torch
 
-# Meta-rate of the slot statistics (noise variance, innovation autocorrelation). The statistics
+# Meta-rate of the slot statistics (noise variance R, the candidates' scores). The statistics
 # describe a regime, which lasts thousands of steps, not the level, which may move every step: an
-# effective window of (2 - β)/β ≈ 2000 observations puts the standard error of the innovation
-# autocorrelation near 1/√2000 ≈ 0.02, small against the gains it discriminates (0.05-1), and
-# still re-learns the statistics of a new regime within a few thousand steps. R is a plain sample
-# mean before 1/β observations (rate 1/n), so it needs no warm-up; the steady gain moves by
-# Robbins-Monro steps of size β, so one noisy product z_t z_(t-1) moves it by at most β c².
+# effective memory of 1/β ≈ 1000 observations lets a squared-error gap of 1% of R per step (about
+# the gap between neighbouring candidate gains near the optimum) add up to ~5 units of log weight,
+# odds of ~150:1, and still re-learns a new regime within a few thousand steps.
+# R is a plain sample mean before 1/β observations (rate 1/n), so it needs no warm-up.
 META_RATE = 1e-3
 
 # Probability, per step of a stationary signal, of declaring a level shift that is not there.
@@ -27,8 +26,25 @@ FALSE_SHIFT_PROB = 1e-5
 # Absolute floor on the noise variance R: a constant signal (R = 0) divides by a tiny number rather
 # than by zero. Only signals whose noise is below 1e-6 in their own units ever reach it.
 TINY = 1e-12
-# The gain stays below 1 - GAIN_EPS so that q = K²/(1 - K) stays finite.
-GAIN_EPS = 1e-6
+
+# The candidates' steady-state level gains: 1/2, 1/4, ... down to ≈ META_RATE. Gains are
+# dimensionless, so the grid is no magnitude. Faster than 1/2 is a level shift, handled by the
+# restart; slower than META_RATE a candidate differs from its neighbour only over a memory longer
+# than the scores keep. Factor 2 apart: an EMA's error grows by ~7% at √2 from its optimal gain
+# (random walk, Q/R = 0.01), and the weighted mixture interpolates between neighbours.
+GAINS = tuple(2.0**-k for k in range(1, round(math.log2(1.0 / META_RATE)) + 1))
+
+
+def _candidate_noise(gains: tuple[float, ...]) -> tuple[list[float], list[float]]:
+    """(Q_level/R, Q_slope/R) per candidate: the level family, then the trend family.
+
+    Level candidates: the running mean (q = 0) and, per gain α, the local-level model whose
+    steady-state gain is α, q = α²/(1 - α). Trend candidates: the smooth-trend model (level
+    noise 0, slope noise q_ζ) whose steady-state gains are (α, α²/(2 - α)), q_ζ = k₂²/(1 - α).
+    """
+    level = [0.0] + [a * a / (1.0 - a) for a in gains]
+    slope = [(a * a / (2.0 - a)) ** 2 / (1.0 - a) for a in gains]
+    return level + [0.0] * len(slope), [0.0] * len(level) + slope
 
 
 def _normal_quantile_upper(p: float) -> float:
@@ -68,45 +84,60 @@ def _clipped_second_moment(c: torch.Tensor) -> torch.Tensor:
     return (1.0 - tail) - 2.0 * c * density + c * c * tail
 
 
-_STATE = ("mean", "p", "r", "prev_obs", "prev_z", "gain_ss", "lag", "alpha")
+# Per slot, and per slot and candidate (level, slope, the covariance of both over R, log weight).
+_SLOT_STATE = ("mean", "r", "prev_obs", "prev_z", "alpha")
+_BANK_STATE = ("level", "slope", "p_ll", "p_ls", "p_ss", "score")
 
 
 class AdaptiveEMA:
     r"""Per-slot adaptive EMA: ``m_t = m_(t-1) + α_t (y_t - m_(t-1))``, α_t from the signal.
 
-    **Model.** Each slot follows the local-level model (Muth 1960; Harvey 1989, §2.3.1)
+    **Candidates.** Each slot runs a bank of Kalman filters side by side (multiple-model
+    estimation, Magill 1965), every one the exact filter of a linear-Gaussian model of
+    y_t = μ_t + ε_t, ε_t ~ N(0, R), in the local-linear-trend form (Harvey 1989, ch. 2)
 
-        y_t = μ_t + ε_t,  ε_t ~ N(0, R);   μ_t = μ_(t-1) + η_t,  η_t ~ N(0, Q).
+        μ_t = μ_(t-1) + β_(t-1) + η_t,  β_t = β_(t-1) + ζ_t,  η_t ~ N(0, q_η R),  ζ_t ~ N(0, q_ζ R).
 
-    Its Kalman filter *is* an EMA: with p = P/R the variance of the level estimate and
-    q = Q/R the signal-to-noise ratio, one step is ``p⁻ = p + q``, ``α = p⁻/(p⁻ + 1)``,
-    ``m += α (y - m)``, ``p = (1 - α) p⁻``. The Riccati recursion converges to the
-    steady-state (Wiener) gain α* = (√(q² + 4q) - q)/2, so q ≈ 0 gives α ≈ √q → 0 (smooth)
-    and q ≫ 1 gives α → 1 (track); conversely q = α*²/(1 - α*). Running the recursion
-    rather than the fixed point gives α = 1/n after a (re)start: a plain mean until the
-    statistics have spoken. The first observation replaces the estimate (p = 1).
+    - *Level* candidates (β ≡ 0, the local-level model of Muth 1960): the filter is an EMA,
+      ``p⁻ = p + q_η``, ``α = p⁻/(p⁻ + 1)``, ``m += α (y - m)``, ``p = (1 - α) p⁻``, with
+      steady-state (Wiener) gain α for q_η = α²/(1 - α); q_η = 0 is the plain running mean.
+    - *Trend* candidates (q_η = 0, the smooth-trend model): the filter is Holt's (1957)
+      linear method, predicting ŷ = m + b, with level and slope gains (k₁, k₂) from the 2×2
+      Riccati recursion, whose steady state is (α, α²/(2 - α)) for q_ζ = k₂²/(1 - α); a
+      deterministic slope costs them no lag.
 
-    **Statistics, estimated online** (meta-rate 1/n, then ``META_RATE``):
+    Both families sit on the grid ``GAINS`` (1/2 … ≈ ``META_RATE``, factor 2). Running the
+    recursions from p = diag(1, 0) rather than at their fixed points makes every candidate a
+    plain mean after a (re)start, gain ≈ 1/n until n ≈ 1/α (exactly 1/n for q = 0): the
+    first observation replaces the estimate, and the slope is zero until the data show one.
 
-    - R from first differences, var(Δy) = 2R + Q ≈ 2R, winsorized at c and rescaled by the
-      Gaussian consistency factor E[min(Z², c²)] (Huber 1964), so spikes barely move it.
-    - q from the innovations: with the optimal gain the standardized innovations
-      z_t = (y_t - m_(t-1))/√((p⁻ + 1)R) are white; for a steady gain K, Mehra (1970) gives
-      the optimal gain as K + E[z_t z_(t-1)]. The steady gain α* is moved by a Robbins-Monro
-      step of size ``META_RATE`` along z_t z_(t-1) (winsorized), i.e. towards whiteness, and
-      q = α*²/(1 - α*) enters the recursion.
-    - Lag (covariance matching, Jazwinski 1969): u, the EMA of z at the filter's own rate α,
-      has variance α/(2 - α) when the innovations are white; any excess ``u² - α/(2 - α)`` is
-      a systematic lag (drift) that the model has not budgeted, and p⁻ is kept at least as
-      large as it, which raises α while the lag lasts.
+    **Weights** (exponentially weighted forecaster, Vovk 1990; Cesa-Bianchi & Lugosi 2006,
+    ch. 2; with forgetting, the dynamic model averaging of Raftery, Kárný & Ettler 2010): as ε_t is
+    independent of the past, the squared one-step prediction error of candidate k has
+    expectation E[(y_t - ŷ_k)²] = R + E[(μ_t - ŷ_k)²], the tracking error of its prediction
+    plus a constant, whatever the true dynamics. So the log weights are discounted sums of it
+    (winsorized, below), ``L_k ← (1 - β) L_k - (y_t - ŷ_k)²/(2R)``, β = ``META_RATE``: a
+    Gaussian likelihood of common variance R (each candidate's own variance would instead ask
+    whose model fits, and none fits a sine). The estimate is the weighted mean of the
+    candidates' filtered levels, ``m_t = Σ_k softmax(L)_k m_k``; ``alpha`` is the weighted mean
+    of their level gains. The reported value is a level, never the trend's extrapolation; a
+    trend that overshoots loses weight quadratically in its error, so no damping constant is
+    needed.
 
-    **Outliers and level shifts.** An innovation with |z| > c is winsorized at ±c (a lone
-    spike moves the estimate by at most α c √S). Two consecutive exceedances of one sign that
-    agree with each other (|z_t - z_(t-1)| ≤ c√2) are a level shift that began at t-1: the
-    slot restarts from those two observations, m = (y_(t-1) + y_t)/2, p = 1/2, so α follows
-    1/n again (``alpha`` reads 1 at a restart). c is the normal quantile with 2Φ(-c)² =
-    ``FALSE_SHIFT_PROB`` (≈ 2.84), widened to the Student-t quantile while R rests on few
-    observations.
+    **Noise variance** R from first differences, var(Δy) = 2R + Q ≈ 2R, winsorized at c and
+    rescaled by the Gaussian consistency factor E[min(Z², c²)] (Huber 1964), meta-rate 1/n,
+    then ``META_RATE``.
+
+    **Outliers and level shifts.** Each candidate's innovation is winsorized at ±c of its
+    predictive standard deviation (Huber 1964): a lone spike moves the estimate by at most
+    α c √S and every score by at most c² S/(2R). The mixture's standardized innovation z_t
+    (prediction Σ w ŷ_k, variance Σ w (S_k + (ŷ_k - ŷ)²)) detects shifts: two consecutive
+    exceedances of one sign that agree with each other (|z_t - z_(t-1)| ≤ c√2) are a level
+    shift that began at t-1, and every candidate restarts from those two observations,
+    m = (y_(t-1) + y_t)/2, slope 0, p = diag(1/2, 0) (``alpha`` reads 1 at a restart); the
+    weights are kept, as a shift changes the level, not the dynamics. c is the normal quantile
+    with 2Φ(-c)² = ``FALSE_SHIFT_PROB`` (≈ 2.84), widened to the Student-t quantile while R
+    rests on few observations.
 
     **Contract.** Everything is computed with ``torch.where``/``clamp`` on the device: no
     host synchronisation, CUDA-graph capturable. Non-finite observations are ignored (the
@@ -132,6 +163,9 @@ class AdaptiveEMA:
         self.num_slots = num_slots
         self.dtype = dtype
         self.device = torch.device("cpu") if device is None else torch.device(device)
+        q_level, q_slope = _candidate_noise(GAINS)
+        self._q_level = torch.tensor(q_level, dtype=dtype, device=self.device)
+        self._q_slope = torch.tensor(q_slope, dtype=dtype, device=self.device)
         self._t: dict[str, torch.Tensor] = {}
         self.reset()
         self.device = self._t["mean"].device  # "cuda" becomes "cuda:0", as obs.device reads
@@ -154,11 +188,11 @@ class AdaptiveEMA:
 
     def reset(self) -> None:
         """Back to unset: estimate NaN, statistics and counts cleared (a fold boundary)."""
-        nan = torch.full((self.num_slots,), math.nan, dtype=self.dtype, device=self.device)
-        zero = torch.zeros((self.num_slots,), dtype=self.dtype, device=self.device)
-        t = {name: zero.clone() for name in _STATE}
-        for name in ("mean", "r", "prev_obs", "alpha"):
-            t[name] = nan.clone()
+        kw = {"dtype": self.dtype, "device": self.device}
+        t = {name: torch.full((self.num_slots,), math.nan, **kw) for name in _SLOT_STATE}
+        t["prev_z"].zero_()
+        bank = (self.num_slots, self._q_level.numel())
+        t.update({name: torch.zeros(bank, **kw) for name in _BANK_STATE})
         t["count"] = torch.zeros((self.num_slots,), dtype=torch.int64, device=self.device)
         t["nonfinite_count"] = torch.zeros_like(t["count"])
         if self._t:  # in place, so views handed out earlier (and CUDA graphs) see the reset
@@ -170,6 +204,7 @@ class AdaptiveEMA:
     def to(self, device: torch.device | str) -> AdaptiveEMA:
         """Move every state tensor to ``device``; returns ``self``."""
         self._t = {k: v.to(device) for k, v in self._t.items()}
+        self._q_level, self._q_slope = self._q_level.to(device), self._q_slope.to(device)
         self.device = self._t["mean"].device
         return self
 
@@ -186,10 +221,11 @@ class AdaptiveEMA:
                 f"unexpected {sorted(extra)}"
             )
         for k, v in state.items():
-            if tuple(v.shape) != (self.num_slots,):
+            if tuple(v.shape) != tuple(self._t[k].shape):
                 raise ValueError(
                     f"state_dict[{k!r}] has shape {tuple(v.shape)} but this AdaptiveEMA has "
-                    f"{self.num_slots} slots; load it into an AdaptiveEMA of as many slots"
+                    f"{self.num_slots} slots (shape {tuple(self._t[k].shape)}); load it into "
+                    "an AdaptiveEMA of as many slots"
                 )
         for k, v in state.items():
             self._t[k].copy_(v.to(self._t[k].dtype))
@@ -250,51 +286,66 @@ class AdaptiveEMA:
         has_r = torch.isfinite(r_old)
         d2c = torch.where(has_r, torch.minimum(d2, c * c * 2.0 * r_old) / kappa, d2)
         r_new = torch.where(has_r, r_old + b * (0.5 * d2c - r_old), 0.5 * d2)
-        r_use = torch.where(has_r, r_old, r_new).clamp(min=TINY)
+        r_use = torch.where(has_r, r_old, r_new).clamp(min=TINY)[:, None]
 
-        # Random-walk variance q = Q/R from the innovation whiteness test (Mehra 1970).
-        k_ss = s["gain_ss"]
-        q = k_ss * k_ss / (1.0 - k_ss)
+        # Every candidate predicts (state and covariance over R, F = [[1, 1], [0, 1]]).
+        level, slope, score = s["level"], s["slope"], s["score"]
+        a_ll = s["p_ll"] + 2.0 * s["p_ls"] + s["p_ss"] + self._q_level
+        a_ls = s["p_ls"] + s["p_ss"]
+        a_ss = s["p_ss"] + self._q_slope
+        pred = level + slope
+        s_norm = a_ll + 1.0  # innovation variance over R
+        sd = (s_norm * r_use).sqrt()
+        cc = c[:, None]
+        v = (y[:, None] - pred).clamp(-cc * sd, cc * sd)  # winsorized innovation
 
-        # Lag (Jazwinski 1969): the mean standardized innovation u over the filter's own memory,
-        # beyond the K/(2-K) that white innovations give, is prediction error the model has not
-        # budgeted; the prediction variance is matched to at least that much.
-        k_prev = s["alpha"].nan_to_num(1.0)
-        u = s["lag"]
-        lag = (u * u - k_prev / (2.0 - k_prev)).clamp(min=0.0)
-        p_pred = torch.maximum(s["p"] + q, lag)
-        var_innov = (p_pred + 1.0) * r_use
-        v = y - s["mean"]
-        z = v / var_innov.sqrt()
-        out = z.abs() > c
+        # The mixture's innovation, standardized, tests for a level shift.
+        w = torch.softmax(score, 1)
+        pred_mix = (w * pred).sum(1)
+        var_mix = (w * (s_norm * r_use + (pred - pred_mix[:, None]).square())).sum(1)
+        z = (y - pred_mix) / var_mix.sqrt()
         prev_z = s["prev_z"]
         # Two exceedances of one sign that agree (their difference is within the √2 c a pair of
         # innovations about one shifted level spans) are a shift; a lone one is an outlier.
         agree = (z - prev_z).abs() <= c * math.sqrt(2.0)
-        shift = out & (prev_z.abs() > c) & (z * prev_z > 0) & agree
-        gain = p_pred / (p_pred + 1.0)
-        mean = s["mean"] + gain * z.clamp(-c, c) * var_innov.sqrt()
-        p_new = (1.0 - gain) * p_pred
-        # A shift restarts the slot from the two observations of the new level.
-        mean = torch.where(shift, 0.5 * (s["prev_obs"] + y), mean)
-        p_new = torch.where(shift, 0.5, p_new)
-        gain = torch.where(shift, 1.0, gain)
+        shift = (z.abs() > c) & (prev_z.abs() > c) & (z * prev_z > 0) & agree
 
-        # Robbins-Monro step towards Mehra's whiteness condition E[z_t z_(t-1)] = 0.
-        zw = z.clamp(-c, c)
-        lag_new = torch.where(shift, 0.0, u + gain * (zw - u))  # a shift absorbs the lag
-        k_ss = k_ss + META_RATE * zw * prev_z.clamp(-c, c) / kappa
-        k_ss = k_ss.clamp(0.0, 1.0 - GAIN_EPS)
+        # Kalman update of every candidate (P = P⁻ - k kᵀ S, written without cancellation).
+        k_l, k_s = a_ll / s_norm, a_ls / s_norm
+        new_bank = {
+            "level": pred + k_l * v,
+            "slope": slope + k_s * v,
+            "p_ll": k_l,
+            "p_ls": k_s,
+            "p_ss": a_ss - k_s * a_ls,
+            # Discounted squared prediction error: the tracking error plus R, whatever the model.
+            "score": (1.0 - META_RATE) * score - 0.5 * v.square() / r_use,
+        }
+        # Keep the best candidate at log weight 0, so the scores stay bounded in float32.
+        new_bank["score"] -= new_bank["score"].max(1, keepdim=True).values
+        # A shift restarts every candidate from the two observations of the new level; the first
+        # observation replaces the estimate. The scores survive a shift, not a first observation.
+        restart = torch.where(first, 1.0, 0.5)[:, None]
+        anew = (shift | first)[:, None]
+        start = torch.where(first, y, 0.5 * (s["prev_obs"] + y))[:, None]
+        zero = torch.zeros_like(pred)
+        starts = {"level": start, "slope": zero, "p_ll": restart, "p_ls": zero, "p_ss": zero}
+        for name, value in starts.items():
+            new_bank[name] = torch.where(anew, value, new_bank[name])
+        new_bank["score"] = torch.where(first[:, None], zero, new_bank["score"])
+        for name, value in new_bank.items():
+            s[name].copy_(torch.where(take[:, None], value, s[name]))
 
+        # Weighted about the first candidate, so candidates that agree (after a first observation
+        # or a shift) give their common value exactly, not to within the rounding of Σ w = 1.
+        w = torch.softmax(s["score"], 1)
+        anchor = s["level"][:, :1]
         new = {
-            "mean": torch.where(first, y, mean),
-            "p": torch.where(first, 1.0, p_new),  # one observation: posterior variance R
+            "mean": anchor[:, 0] + (w * (s["level"] - anchor)).sum(1),
             "r": torch.where(first, r_old, r_new),
             "prev_obs": y,
             "prev_z": torch.where(first, 0.0, z),
-            "gain_ss": torch.where(first, 0.0, k_ss),
-            "lag": torch.where(first, 0.0, lag_new),
-            "alpha": torch.where(first, 1.0, gain),
+            "alpha": torch.where(shift | first, 1.0, (w * k_l).sum(1)),
         }
         for name, value in new.items():
             s[name].copy_(torch.where(take, value, s[name]))
