@@ -22,9 +22,9 @@ CHECK_DTYPE_CODES: dict[torch.dtype, int] = {**DTYPE_CODES, torch.float64: 3}
 #: one atomic per program and the per-slot reduction of partials cost nothing next to the reads.
 CHECK_BLOCK = 16384
 #: Elements per load inside a program (bounds registers; the loop is unrolled).
-CHECK_TILE = 4096
+CHECK_TILE = 2048
 #: Warps per program.
-CHECK_WARPS = 8
+CHECK_WARPS = 4
 #: Partials reduced per iteration by the last program of a tensor.
 REDUCE_BLOCK = 1024
 
