@@ -1,3 +1,4 @@
+# ruff: noqa: B023, E501  (a throwaway probe: lambdas are called inside their loop iteration)
 """Probe: which block-histogram strategy is fast on this GPU's Triton (a tuning aid).
 
 Times one pass over 100M float32 building a histogram of the top bits of |x|, by strategy and

@@ -105,6 +105,7 @@ class EngagementCorrection:
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self._fraction = AdaptiveEMA(num_consumers, device=self.device)
         self._rate = torch.zeros(num_consumers, device=self.device)
+        self.device = self._rate.device  # "cuda" becomes "cuda:0", as an input's .device reads
         self._max = torch.full((num_consumers,), math.nan, device=self.device)
         self._z = torch.full((num_consumers,), math.nan, device=self.device)
         self.engaged_total = torch.zeros(num_consumers, dtype=torch.int64, device=self.device)

@@ -107,6 +107,10 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
     kwargs = {}
     for name, value in data.items():
         path = f"{where}.{name}" if where else name
+        default = fields[name].default_factory  # type: ignore[misc]
+        if isinstance(value, Mapping) and default is not dataclasses.MISSING:
+            # A partial table overrides the field's *default instance*, not the class defaults.
+            value = {**to_dict(default()), **value}
         kwargs[name] = _convert(value, hints[name], path)
     try:
         return cls(**kwargs)

@@ -125,6 +125,26 @@ class BatchedTradingEnv:
         self.episode_return.zero_()
         return self.observe(self.t, self.position)
 
+    def state_dict(self) -> dict[str, Tensor]:
+        """Everything that evolves: episode starts, days, positions, returns, the generator."""
+        return {
+            "start": self.start.clone(),
+            "t": self.t.clone(),
+            "position": self.position.clone(),
+            "episode_return": self.episode_return.clone(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if state["position"].shape != self.position.shape:
+            raise ValueError(
+                f"env state has {tuple(state['position'].shape)} positions, this env "
+                f"{tuple(self.position.shape)}: n_envs or assets differ"
+            )
+        for name in ("start", "t", "position", "episode_return"):
+            getattr(self, name).copy_(state[name])
+        self.generator.set_state(state["generator"])
+
     def step(self, action: Tensor) -> StepResult:
         """Apply ``action[n_envs, A]`` (indices into ``levels``); see the class docstring."""
         new_pos = self.levels[action]

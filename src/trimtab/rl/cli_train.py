@@ -1,0 +1,150 @@
+"""The trainer's sub-commands: ``trimtab train``, ``trimtab report``, ``trimtab eval``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from trimtab.rl.configio import ConfigError, apply_overrides, from_dict, load_toml
+
+__all__ = ["add_commands", "user_errors"]
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's to fix: printed as one line, never a traceback."""
+    from trimtab.rl.checkpoint import CheckpointError
+    from trimtab.rl.data import DataError
+    from trimtab.rl.report import ReportError
+    from trimtab.rl.train import RunDirError
+    from trimtab.state import LayoutMismatchError
+
+    return (ConfigError, DataError, RunDirError, CheckpointError, LayoutMismatchError, ReportError)
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser(
+        "train",
+        help="walk-forward distributional DQN on the embedded market, OHLCV files or a Gym env",
+        description="Train fold after fold; each fold is tested out of sample on the next window.",
+    )
+    p.add_argument(
+        "--config", type=Path, help="TOML file with [run], [data], [env], [walkforward], [agent]"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set agent.lr=3e-4 (repeatable)",
+    )
+    p.add_argument("--device", help="cpu | cuda | cuda:N")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--data", nargs="+", metavar="PATH", help="OHLCV CSV/Parquet files or folders")
+    p.add_argument("--env", help="market (default) or gym:ENV_ID, e.g. gym:CartPole-v1")
+    p.add_argument("--folds", type=int)
+    p.add_argument("--steps-per-fold", type=int)
+    p.add_argument("--stability", choices=["adaptive", "fixed", "off"])
+    p.add_argument("--on-nonfinite", choices=["halt", "skip", "sanitize"])
+    p.add_argument(
+        "--stress", action="store_true", help="the stress preset of the synthetic market"
+    )
+    p.add_argument("--out", help="run directory (default runs/<time>-<stability>-s<seed>)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)  # fmt: skip
+
+    r = sub.add_parser("report", help="rebuild report.html and the plots of a run directory")
+    r.add_argument("run_dir", type=Path)
+    r.set_defaults(func=cmd_report)
+
+    e = sub.add_parser("eval", help="evaluate a saved agent greedily on other market data")
+    e.add_argument("checkpoint", type=Path)
+    e.add_argument(
+        "--data", nargs="+", metavar="PATH", help="OHLCV files (default: the market it trained on)"
+    )
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
+    e.set_defaults(func=cmd_eval)  # fmt: skip
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from trimtab.rl.config import TrainConfig
+
+    data: dict[str, Any] = load_toml(args.config) if args.config else {}
+    flags = {
+        "run.device": args.device, "run.seed": args.seed, "run.stability": args.stability,
+        "run.on_nonfinite": args.on_nonfinite, "run.out": args.out, "env.name": args.env,
+        "walkforward.folds": args.folds, "walkforward.steps_per_fold": args.steps_per_fold,
+    }  # fmt: skip
+    for key, value in flags.items():
+        if value is not None:
+            section, name = key.split(".")
+            data.setdefault(section, {})[name] = value
+    if args.data:
+        data.setdefault("data", {})["paths"] = list(args.data)
+    if args.stress:
+        data.setdefault("data", {})["stress"] = True
+    if args.no_progress:
+        data.setdefault("run", {})["progress"] = False
+    data = apply_overrides(data, args.overrides)
+    return from_dict(TrainConfig, data)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trimtab.rl.train import format_fold_table
+
+    if args.resume is not None:
+        given = [k for k in ("config", "device", "seed", "data", "env", "folds", "steps_per_fold",
+                             "stability", "on_nonfinite", "out") if getattr(args, k)]  # fmt: skip
+        if given or args.overrides or args.stress:
+            raise ConfigError(
+                f"--resume continues with the run's own config.toml; drop {given or '--set'}"
+            )
+        from dataclasses import replace
+
+        from trimtab.rl.config import TrainConfig
+
+        cfg = from_dict(TrainConfig, load_toml(args.resume / "config.toml"))
+        run = replace(
+            cfg.run, out=str(args.resume), progress=cfg.run.progress and not args.no_progress
+        )
+        cfg = replace(cfg, run=run)
+        resume = True
+    else:
+        cfg = build_config(args)
+        resume = False
+    if cfg.env.name.startswith("gym:"):
+        from trimtab.rl.gym_train import train_gym
+
+        summary = train_gym(cfg)
+        print(json.dumps(summary["eval"], indent=2))
+        return 0
+    from trimtab.rl.train import train
+
+    summary = train(cfg, resume=resume)
+    print(format_fold_table(summary))
+    print(f"run directory: {summary['run_dir']}  (report: {summary['run_dir']}/report.html)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from trimtab.rl.report import build_report
+
+    print(build_report(args.run_dir))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from trimtab.rl.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.checkpoint, args.data, args.device)
+    for k, v in result.items():
+        print(f"{k:>20}: {v}")
+    if args.json:
+        from trimtab.rl.checkpoint import atomic_write_json
+
+        atomic_write_json(args.json, result)
+    return 0

@@ -1,0 +1,122 @@
+"""The trainer's one frozen config: TOML file, command-line overrides, saved with every run.
+
+``trimtab train --config run.toml --set agent.lr=3e-4 --folds 6`` resolves to a
+:class:`TrainConfig`, validated field by field, and written to ``RUN_DIR/config.toml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trimtab.rl.agent import AgentConfig
+
+__all__ = [
+    "DataConfig",
+    "EnvConfig",
+    "RunConfig",
+    "TrainConfig",
+    "WalkForwardConfig",
+]
+
+Stability = Literal["adaptive", "fixed", "off"]
+
+
+def _check(bad: list[str], section: str) -> None:
+    if bad:
+        raise ValueError(f"invalid [{section}] config: " + "; ".join(bad))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
+    seed: int = 0  # seeds the agent, the environments and (unless data.market_seed) the market
+    out: str = ""  # run directory ("" = runs/<time>-<stability>-s<seed>); must be new or empty
+    stability: Stability = "adaptive"  # adaptive | fixed | off  (README: Stability modes)
+    on_nonfinite: Literal["halt", "skip", "sanitize"] = "halt"
+    checkpoint_every: int = 2000  # gradient steps between checkpoints (and at every fold end)
+    log_every: int = 50  # gradient steps between metrics.csv rows
+    progress: bool = True  # tqdm progress bars per fold
+
+    def __post_init__(self) -> None:
+        bad = []
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            bad.append(f"device={self.device!r} must be 'cpu', 'cuda' or 'cuda:N'")
+        if self.checkpoint_every < 1 or self.log_every < 1:
+            bad.append("checkpoint_every and log_every must be >= 1")
+        _check(bad, "run")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    paths: tuple[str, ...] = ()  # OHLCV files or folders; empty = the embedded synthetic market
+    gaps: Literal["drop", "ffill", "error"] = "drop"
+    synthetic_days: int = 2520  # business days of the embedded market (10 years)
+    market_seed: int | None = None  # None = run.seed
+    stress: bool = False  # the stress preset: a crash segment late in the data
+
+    def __post_init__(self) -> None:
+        _check([] if self.synthetic_days >= 100 else ["synthetic_days must be >= 100"], "data")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = "market"  # "market", or "gym:ID" for a Gymnasium env (e.g. gym:CartPole-v1)
+    levels: tuple[float, ...] = (-1.0, 0.0, 1.0)  # target position per asset: short, flat, long
+    cost_bps: float = 1.0  # transaction cost per unit of turnover, in basis points
+    n_envs: int = 16  # environments stepped together
+    episode_days: int = 64  # trading days per training episode
+
+    def __post_init__(self) -> None:
+        bad = []
+        if not (self.name == "market" or self.name.startswith("gym:")):
+            bad.append(f"name={self.name!r} must be 'market' or 'gym:ENV_ID'")
+        if len(self.levels) < 2 or any(abs(x) > 1 for x in self.levels):
+            bad.append(f"levels={self.levels} need >= 2 values in [-1, 1]")
+        if self.cost_bps < 0 or self.n_envs < 1 or self.episode_days < 2:
+            bad.append("need cost_bps >= 0, n_envs >= 1, episode_days >= 2")
+        _check(bad, "env")
+
+
+@dataclass(frozen=True)
+class WalkForwardConfig:
+    folds: int = 4  # fold k trains on window k and is tested on window k + 1
+    window_days: int = 0  # days per window; 0 = split the data evenly into folds + 1 windows
+    steps_per_fold: int = 2500  # gradient steps per fold
+    learning_starts: int = 500  # env steps (per env batch) collected before the first update
+    updates_per_step: int = 1  # gradient steps per batched env step once learning has started
+
+    def __post_init__(self) -> None:
+        bad = []
+        if self.folds < 1:
+            bad.append(f"folds={self.folds} must be >= 1")
+        if self.window_days < 0 or self.steps_per_fold < 1 or self.learning_starts < 0:
+            bad.append("need window_days >= 0, steps_per_fold >= 1, learning_starts >= 0")
+        if self.updates_per_step < 1:
+            bad.append("updates_per_step must be >= 1")
+        _check(bad, "walkforward")
+
+
+def _default_agent() -> AgentConfig:
+    # Daily rewards are ~1e-2: a shorter horizon than Atari's 0.99 and a smaller net suffice,
+    # and the ε schedule is sized to the default 4 x 2500 steps.
+    return AgentConfig(
+        gamma=0.95,
+        n_step=3,
+        lr=3e-4,
+        batch_size=128,
+        target_update_period=500,
+        eps_decay_steps=4000,
+        hidden=128,
+        depth=2,
+        replay_capacity=50_000,
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    walkforward: WalkForwardConfig = field(default_factory=WalkForwardConfig)
+    agent: AgentConfig = field(default_factory=_default_agent)
