@@ -1,5 +1,7 @@
-"""The ``trimtab`` command line: ``trimtab info`` now; ``train``, ``report`` and ``eval`` join it
-as the trainer lands. Errors a user can fix print as one line, without a traceback."""
+"""The ``trimtab`` command line: ``info``, ``train``, ``report`` and ``eval``.
+
+Errors a user can fix (bad data, config, run directory, checkpoint) print as one line, without
+a traceback, and exit 2; a sentinel halt exits 3."""
 
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="print versions and the devices trimtab can use")
     info.set_defaults(func=_info)
+    from trimtab.rl.cli_train import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -48,7 +53,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 0
-    return int(args.func(args))
+    from trimtab.rl.cli_train import user_errors
+
+    try:
+        return int(args.func(args))
+    except user_errors() as e:
+        print(f"trimtab: error: {e}", file=sys.stderr)
+        return 2
+    except _halted() as e:
+        print(f"trimtab: halted: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(
+            "trimtab: interrupted; continue with `trimtab train --resume RUN_DIR`", file=sys.stderr
+        )
+        return 130
+
+
+def _halted() -> type[BaseException]:
+    from trimtab.rl.train import TrainingHalted
+
+    return TrainingHalted
 
 
 if __name__ == "__main__":
