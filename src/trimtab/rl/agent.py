@@ -268,6 +268,8 @@ class DQNAgent:
                 "target_mean": (target_probs * z).sum(dim=-1).mean(),
                 "priorities": c51.detach(),
                 "next_action": next_action,
+                "obs": obs,  # for the sentinel's forward-phase checks
+                "logits": online.logits.detach(),
             }
         return loss, info
 

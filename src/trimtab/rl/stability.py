@@ -1,12 +1,12 @@
 """The trainer's stability wiring: every bound from a state-vector slot, every check named.
 
 ``adaptive``: the C51 support, the target clamp and the trunk clamp follow p99 bounds measured
-online (producer -> AdaptiveEMA -> slot -> consumer), with engagement-rate correction; the
-gradient clip is :class:`trimtab.AdaptiveGradClip`; every network steps with
-:class:`trimtab.optim.Adam` (weight clamp, decay and L1 inside the step).
+online (producer -> AdaptiveEMA -> slot -> consumer), each raised by the engagement-rate
+correction; the gradient clip is :class:`trimtab.AdaptiveGradClip`; every network steps with
+:class:`trimtab.optim.Adam` (weight clamp, self-set decay inside the step).
 ``fixed``: the same mechanisms at the constants people hand-set today (:data:`FIXED`).
 ``off``: no clamp, no clip, C51 support fixed at ±10 as in Dopamine.
-In every mode the sentinel watches the same slots; diagnostics never change a number.
+In every mode the sentinel watches the same buffers; diagnostics never change a number.
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trimtab.clamp import guard_
+from trimtab.clamp import clamp_finite_, guard_
+from trimtab.clip import AdaptiveGradClip
+from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
+from trimtab.lifecycle import register
+from trimtab.optim import Adam
+from trimtab.optim.adam import adam_slots
 from trimtab.quantile import abs_quantile
 from trimtab.rl.agent import DQNAgent, StepGuard
 from trimtab.rl.config import TrainConfig
@@ -30,18 +35,23 @@ __all__ = ["FIXED", "SUPPORT_FLOOR", "Stability"]
 #: Dopamine and common DQN code use, kept to show what the adaptive mode replaces.
 FIXED = {"support": 10.0, "target_clamp": 10.0, "grad_clip": 10.0, "weight_clamp": 100.0}
 
-#: Cold-start floor of the support and clamp slots (a numerical constant, design invariant 3):
-#: before the first measurement, or if every target is exactly 0, the support is ±1e-3 rather
-#: than a collapsed [0, 0]. It goes on the slot value read by the consumer, never on a bound.
+#: Cold-start floor of the support and activation-clamp slots (a numerical constant, design
+#: invariant 3): before the first measurement, or if every target is exactly 0, the support is
+#: ±1e-3 rather than a collapsed [0, 0]. It goes on the slot value a consumer reads.
 SUPPORT_FLOOR = 1e-3
 
 #: The quantile the producers measure: a clamp at it should engage on 1 - Q of the elements.
 Q = 0.99
 
-#: Sentinel threshold factor on measured p99 bounds: an excursion of 1e3 times the running p99
-#: of a buffer is the onset of the blow-up chain (targets, then moments, then weights) that the
-#: sentinel exists to name; ordinary heavy tails (Student-t, 4 d.o.f.) stay two orders below.
+#: Sentinel threshold factor on measured p99 bounds: a value 1e3 times the running p99 of its
+#: buffer is the onset of the blow-up chain (targets, then moments, then weights) that the
+#: sentinel exists to name; ordinary heavy tails (Student-t, 4 d.o.f.) stay orders below it.
 EXCURSION_FACTOR = 1e3
+
+_CONSUMERS = ("targets", "trunk")
+#: Buffers measured only to give the sentinel a threshold (checked first, then measured, so
+#: a step's own excursion never raises the bound it is checked against).
+_WATCHED = ("obs", "logits", "loss", "grad_trunk")
 
 
 class Stability(StepGuard):
@@ -52,20 +62,41 @@ class Stability(StepGuard):
         self.policy = cfg.run.on_nonfinite
         self.n_branches = n_branches
         self.device = device
-        self.lr = cfg.agent.lr
         self.state = StateVector(
             [
                 Slot("target_bound", doc="p99 |Bellman target| (IQN samples): support and clamp"),
                 Slot("trunk_bound", doc="p99 |trunk output|: activation clamp"),
+                *(Slot(f"{n}_scale", doc=f"p99 |{n}|: sentinel threshold") for n in _WATCHED),
+                *adam_slots(1, prefix="adam"),
+                Slot("grad_clip_bound", doc="gradient-norm clip bound"),
             ],
             device=device,
         )
-        self.target_ema = AdaptiveEMA(1, device=device)
-        self.trunk_ema = AdaptiveEMA(1, device=device)
-        self.engaged = torch.zeros(2, 2, dtype=torch.int64, device=device)  # [consumer, (n, N)]
+        self.ema = AdaptiveEMA(len(_CONSUMERS), device=device)
+        self.engagement = EngagementCorrection(
+            len(_CONSUMERS), expected_rate=1.0 - Q, device=device, name="clamps"
+        )
+        # per consumer: (engaged, non-finite) of this step, and (engaged, seen) since the log
+        self._step_counts = torch.zeros(len(_CONSUMERS), 2, dtype=torch.int64, device=device)
+        self._step_seen = torch.zeros(len(_CONSUMERS), dtype=torch.int64, device=device)
+        self._step_max = torch.zeros(len(_CONSUMERS), device=device)
+        self._log_counts = torch.zeros(len(_CONSUMERS), 2, dtype=torch.int64, device=device)
+        self.watch_ema = AdaptiveEMA(len(_WATCHED), device=device)
+        self._watch_masks = torch.eye(len(_WATCHED), dtype=torch.bool, device=device)
         self.sentinel = Sentinel(device)
+        #: Test hook: ``(slot name, step, value)`` writes ``value`` into that slot's buffer right
+        #: before its check number ``step`` (the step the sentinel will report).
+        self.fault: tuple[str, int, float] | None = None
+        #: False runs every producer, clamp and clip but no sentinel check: the test of
+        #: invariant 7 (diagnostics never change training) compares the two.
+        self.diagnostics = True
+        self._checks: dict[str, int] = {}
+        self.clip: AdaptiveGradClip | None = None
         self.agent: DQNAgent | None = None
         self._latest: dict[str, Tensor] = {}
+        self._loss = torch.zeros((), device=device)
+        self._masks = torch.eye(len(_CONSUMERS), dtype=torch.bool, device=device)
+        self._nan = torch.full((), float("nan"), device=device)
         self._fixed_support = (
             torch.full((n_branches,), -FIXED["support"], device=device),
             torch.full((n_branches,), FIXED["support"], device=device),
@@ -77,6 +108,12 @@ class Stability(StepGuard):
         return self.state.fingerprint
 
     def optimizer_factory(self, params: Any, lr: float) -> torch.optim.Optimizer:
+        """Every network with parameters steps with this (invariant 5: one implementation)."""
+        if self.mode == "adaptive":
+            return Adam(params, lr=lr, state_vector=self.state, capturable=True)
+        if self.mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is in after_step
+            return Adam(params, lr=lr, weight_decay=0.0, weight_clamp=False,
+                        state_vector=self.state, capturable=True)  # fmt: skip
         return torch.optim.Adam(params, lr=lr)
 
     def attach(self, agent: DQNAgent) -> None:
@@ -84,23 +121,82 @@ class Stability(StepGuard):
         self.agent = agent
         agent.guard = self
         agent.online.trunk_hook = self._trunk_hook
+        if self.mode == "adaptive":
+            self.clip = AdaptiveGradClip(list(agent.online.parameters()), state_vector=self.state)
         s = self.sentinel
-        # A slot that a clamp sanitises is checked by guard_ in the same pass (None source);
-        # a slot with no clamp in this mode is checked, as it is, in the forward phase.
-        guarded = {"targets": self.mode != "off", "trunk": self.mode == "adaptive"}
-        for name, slot in (("targets", "target_bound"), ("trunk", "trunk_bound")):
-            rule = Rule.above(self.state[slot], factor=EXCURSION_FACTOR, name=slot)
-            source = None if guarded[name] else (lambda n=name: self._latest.get(n))
-            s.add(name, source, rule, phase="forward")
-        self._guarded = guarded
-        self._loss = torch.zeros((), device=self.device)
-        s.add("loss", self._loss, phase="forward")
-        for name, p in agent.online.named_parameters():
-            s.add(f"grad.{name}", lambda p=p: p.grad, phase="backward")
-        for name, p in agent.online.named_parameters():
-            s.add(f"weight.{name}", p, phase="optimizer")
+        thr = {"targets": "target_bound", "trunk": "trunk_bound"}
+        # A buffer a clamp sanitises is checked by guard_ in the same pass (source None);
+        # one with no clamp in this mode is checked as it is, in its phase.
+        self._guarded = {"targets": self.mode != "off", "trunk": self.mode == "adaptive"}
 
-    # --- the C51 support: one helper reads the slot ---------------------------------------------
+        def above(slot: str) -> Rule:
+            return Rule.above(self.state[slot], factor=EXCURSION_FACTOR, name=slot)
+
+        s.add("obs", lambda: self._latest.get("obs"), above("obs_scale"), phase="forward")
+        s.add("logits", lambda: self._latest.get("logits"), above("logits_scale"), phase="forward")
+        s.add("atom_span", lambda: self._latest.get("atom_span"), phase="forward")
+        for name in _CONSUMERS:
+            source = None if self._guarded[name] else (lambda n=name: self._latest.get(n))
+            s.add(name, source, above(thr[name]), phase="forward")
+        s.add("loss", self._loss, above("loss_scale"), phase="forward")
+        # the backward pass is checked twice: where it leaves the heads (the gradient at the
+        # trunk output) and once it has reached every parameter
+        s.add("grad.trunk_output", lambda: self._latest.get("grad_trunk"),
+              above("grad_trunk_scale"), phase="backward_heads")  # fmt: skip
+        opt = agent.optimizer
+        for name, p in agent.online.named_parameters():
+            # sanitize: guard_ checks each gradient and then sanitises it in the same pass
+            source = None if self.policy == "sanitize" else (lambda p=p: p.grad)
+            s.add(f"grad.{name}", source, above("grad_clip_bound"), phase="backward")
+        for name, p in agent.online.named_parameters():
+            s.add(f"weight.{name}", p, above("adam_weight_bound"), phase="optimizer")
+            for moment, key, slot in (("adam_m", "exp_avg", "adam_p99_m"),
+                                      ("adam_v", "exp_avg_sq", "adam_p99_v")):  # fmt: skip
+                source = lambda p=p, k=key: opt.state.get(p, {}).get(k)  # noqa: E731
+                s.add(f"{moment}.{name}", source, above(slot), phase="optimizer")
+        register(self, "reset_counters", name="stability", what="restart fault-injection counters")
+
+    # --- checks, with the fault-injection test hook ---------------------------------------------
+    def reset_counters(self) -> None:
+        self._checks.clear()
+
+    def _inject(self, name: str, x: Tensor | None, counter: str) -> None:
+        f = self.fault
+        if (
+            f is not None
+            and f[0] == name
+            and x is not None
+            and self._checks.get(counter, 0) == f[1]
+        ):
+            with torch.no_grad():
+                x.view(-1)[x.numel() // 2] = f[2]
+
+    def _check(self, phase: str) -> None:
+        if self.fault is not None:
+            slot = self.sentinel._slots.get(self.fault[0])
+            if slot is not None and slot.phase == phase and slot.source is not None:
+                t = slot.source if isinstance(slot.source, Tensor) else slot.source()
+                self._inject(self.fault[0], t, phase)
+        if self.diagnostics:
+            self.sentinel.check(phase)
+        self._checks[phase] = self._checks.get(phase, 0) + 1
+
+    def _guard(self, name: str, x: Tensor, bound: Tensor | float, counts: Tensor | None) -> None:
+        self._inject(name, x, f"guard:{name}")
+        if self.diagnostics:
+            guard_(x, bound, self.sentinel, name, counts)  # check first, then sanitise, clamp
+        else:
+            clamp_finite_(x, bound, counts)
+        self._checks[f"guard:{name}"] = self._checks.get(f"guard:{name}", 0) + 1
+
+    def _watch(self, values: dict[str, Tensor]) -> None:
+        """Fold p99 |x| of watched buffers into their threshold slots (after their check)."""
+        for name, x in values.items():
+            i = _WATCHED.index(name)
+            obs = abs_quantile(x, Q).reshape(1).expand(len(_WATCHED))
+            self.state[f"{name}_scale"].copy_(self.watch_ema.update(obs, self._watch_masks[i])[i])
+
+    # --- the C51 support: the one helper that reads its slot ------------------------------------
     def support_fn(self) -> tuple[Tensor, Tensor]:
         """Per-branch ``(v_min, v_max)``: ``±fmax(target_bound, floor)`` when adaptive."""
         if self.mode != "adaptive":
@@ -108,57 +204,120 @@ class Stability(StepGuard):
         b = self.state.read("target_bound", floor=SUPPORT_FLOOR).expand(self.n_branches)
         return -b, b
 
-    # --- StepGuard hooks ----------------------------------------------------------------------
+    # --- producers and consumers ----------------------------------------------------------------
+    def _produce(self, c: int, slot: str, x: Tensor) -> Tensor:
+        """Measure p99 |x| (before any clamp), raise it by the engagement correction, fold it
+        into the slot; return the bound a consumer reads."""
+        obs = self.engagement.correct(abs_quantile(x, Q).reshape(1).expand(len(_CONSUMERS)))
+        self.state[slot].copy_(self.ema.update(obs, self._masks[c])[c])
+        finite_abs = torch.where(torch.isfinite(x), x.abs(), 0.0)
+        self._step_max[c] = finite_abs.amax().float()
+        self._step_seen[c] = x.numel()
+        return self.state.read(slot, floor=SUPPORT_FLOOR)
+
+    def _consume(self, c: int, name: str, x: Tensor, bound: Tensor | float) -> Tensor:
+        counts = self._step_counts[c]
+        counts.zero_()
+        self._guard(name, x, bound, counts)
+        self._log_counts[c, 0] += counts[0]
+        self._log_counts[c, 1] += x.numel()
+        return x
+
+    def _observe_engagement(self) -> None:
+        self.engagement.observe(self._step_counts[:, 0], self._step_seen, self._step_max)
+
+    # --- StepGuard hooks ------------------------------------------------------------------------
     def targets(self, x: Tensor, kind: str) -> Tensor:
         if kind == "c51":
-            return x  # the projection clips T z to the support, which follows the same slot
+            return x  # the projection clips T z to the support, which reads the same slot
         x = x.contiguous()
-        if self.mode == "adaptive":
-            # producer first: the bound is measured on the targets before any clamp
-            obs = abs_quantile(x, Q).reshape(1)
-            self.state["target_bound"].copy_(self.target_ema.update(obs)[0])
-            bound = self.state.read("target_bound", floor=SUPPORT_FLOOR)
-        elif self.mode == "fixed":
-            bound = FIXED["target_clamp"]
-        else:
-            bound = float("nan")  # off: only checked (below)
         if not self._guarded["targets"]:
             self._latest["targets"] = x
             return x
-        counter = self.engaged[0]
-        counter[1] += x.numel()
-        return guard_(x, bound, self.sentinel, "targets", counter)
+        if self.mode == "adaptive":
+            bound: Tensor | float = self._produce(0, "target_bound", x)
+        else:
+            bound = FIXED["target_clamp"]
+        return self._consume(0, "targets", x, bound)
 
     def _trunk_hook(self, h: Tensor) -> Tensor:
         if not self._guarded["trunk"]:
             self._latest["trunk"] = h.detach()
+            if h.requires_grad:
+                h.register_hook(self._record_trunk_grad)
             return h
         return _TrunkGuard.apply(h, self)
 
+    def _record_trunk_grad(self, g: Tensor) -> None:
+        self._latest["grad_trunk"] = g
+        self._check("backward_heads")
+        self._watch({"grad_trunk": g})
+
     def after_forward(self, loss: Tensor, info: dict[str, Tensor]) -> None:
         self._loss.copy_(loss.detach())
-        self.sentinel.check("forward")
+        if self.agent is not None and "obs" in info:
+            self._latest["obs"] = info["obs"]
+        self._latest["atom_span"] = self.support_fn()[1]
+        if "logits" in info:
+            self._latest["logits"] = info["logits"]
+        self._check("forward")
+        self._watch({k: self._latest[k] for k in ("obs", "logits") if k in self._latest})
+        self._watch({"loss": self._loss})
+        if self.mode == "adaptive":
+            self._observe_engagement()
 
     def after_backward(self, net: nn.Module, info: dict[str, Tensor]) -> None:
-        self.sentinel.check("backward")
         params = [p for p in net.parameters() if p.grad is not None]
-        if self.mode == "fixed":
+        if self.policy == "sanitize":  # check, then sanitise (NaN bound: no clamp), one pass
+            for name, p in net.named_parameters():
+                if p.grad is not None:
+                    self._guard(f"grad.{name}", p.grad, self._nan, None)
+        self._check("backward")
+        if self.mode == "adaptive" and self.clip is not None:
+            info["grad_norm"] = self.clip(params)
+        elif self.mode == "fixed":
             info["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, FIXED["grad_clip"])
 
-    def after_step(self) -> None:
-        self.sentinel.check("optimizer")
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.policy != "skip":
+            optimizer.step()
+            return
+        # skip: a step whose gradients hold NaN/Inf leaves weights and moments as they were,
+        # decided on the device (a where, not a branch), at the cost of one snapshot.
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        ok = torch.stack([torch.isfinite(p.grad).all() for p in params]).all()
+        before = []
+        for p in params:
+            moments = optimizer.state.get(p, {})
+            saved = {k: v.clone() for k, v in moments.items() if isinstance(v, Tensor)}
+            before.append((p, p.detach().clone(), saved))
+        optimizer.step()
+        with torch.no_grad():
+            for p, w, st in before:
+                p.copy_(torch.where(ok, p, w))
+                for k, v in st.items():
+                    optimizer.state[p][k].copy_(torch.where(ok, optimizer.state[p][k], v))
 
-    # --- reporting ----------------------------------------------------------------------------
+    def after_step(self) -> None:
+        if self.mode == "fixed" and self.agent is not None:
+            with torch.no_grad():
+                for p in self.agent.online.parameters():
+                    p.clamp_(-FIXED["weight_clamp"], FIXED["weight_clamp"])
+        self._check("optimizer")
+
+    # --- reporting ------------------------------------------------------------------------------
     def log_values(self) -> dict[str, Tensor]:
-        rates = self.engaged[:, 0].double() / self.engaged[:, 1].clamp_min(1).double()
-        self.engaged.zero_()
-        _, hi = self.support_fn()
-        return {
-            "bound/support": hi.mean(),
+        rates = self._log_counts[:, 0].double() / self._log_counts[:, 1].clamp_min(1).double()
+        self._log_counts.zero_()
+        out = {
+            "bound/support": self.support_fn()[1].mean(),
             "bound/trunk": self.state["trunk_bound"],
+            "bound/adam_weight": self.state["adam_weight_bound"],
+            "bound/grad_clip": self.state["grad_clip_bound"],
             "engaged/target_clamp": rates[0],
             "engaged/trunk_clamp": rates[1],
         }
+        return out
 
     def nonfinite_count(self) -> int:
         return len(self.sentinel.report())
@@ -168,8 +327,8 @@ class Stability(StepGuard):
             return None
         first = self.sentinel.report()[0]
         return (
-            f"non-finite or runaway values: sentinel slot {first.name!r} fired first, "
-            f"phase {first.phase}, step {first.step} ({first.kind}, value {first.value})"
+            f"sentinel slot {first.name!r} fired first: {first.kind} in phase {first.phase} "
+            f"at step {first.step} of this fold (value {first.value})"
         )
 
     def sentinel_report(self) -> dict[str, Any]:
@@ -178,36 +337,39 @@ class Stability(StepGuard):
     def state_dict(self) -> dict[str, Any]:
         return {
             "state": self.state.state_dict(),
-            "target_ema": self.target_ema.state_dict(),
-            "trunk_ema": self.trunk_ema.state_dict(),
+            "ema": self.ema.state_dict(),
+            "watch_ema": self.watch_ema.state_dict(),
+            "engagement": self.engagement.state_dict(),
+            "clip": self.clip.state_dict() if self.clip is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.load_state_dict(state["state"])
-        self.target_ema.load_state_dict(state["target_ema"])
-        self.trunk_ema.load_state_dict(state["trunk_ema"])
+        self.ema.load_state_dict(state["ema"])
+        self.watch_ema.load_state_dict(state["watch_ema"])
+        self.engagement.load_state_dict(state["engagement"])
+        if self.clip is not None:
+            self.clip.load_state_dict(state["clip"])
 
 
 class _TrunkGuard(torch.autograd.Function):
-    """Trunk output: measure p99 |h|, check it into the sentinel, then sanitise and clamp it.
+    """Trunk output: produce its p99 bound, check it into the sentinel, sanitise and clamp it.
 
-    Gradients pass where the value was kept and are zero where it was clamped or replaced,
-    the gradient of ``clamp``.
+    The gradient passes where a value was kept and is zero where it was clamped or replaced
+    (the gradient of ``clamp``); it is recorded for the sentinel's ``backward_heads`` check.
     """
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, stab: Stability) -> Tensor:
         y = h.detach().clone()
-        obs = abs_quantile(y, Q).reshape(1)  # producer first, on the unclamped values
-        stab.state["trunk_bound"].copy_(stab.trunk_ema.update(obs)[0])
-        bound = stab.state.read("trunk_bound", floor=SUPPORT_FLOOR)
-        counter = stab.engaged[1]
-        counter[1] += y.numel()
-        guard_(y, bound, stab.sentinel, "trunk", counter)
+        bound = stab._produce(1, "trunk_bound", y)
+        stab._consume(1, "trunk", y, bound)
         ctx.save_for_backward(y == h)
+        ctx.stab = stab
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (kept,) = ctx.saved_tensors
+        ctx.stab._record_trunk_grad(grad)
         return grad * kept, None

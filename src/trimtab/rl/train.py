@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -125,9 +126,17 @@ class MetricsLog:
 
 
 def train(
-    cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    setup: Callable[[Stability, DQNAgent], None] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) a walk-forward training run; returns the summary written to disk."""
+    """Run (or resume) a walk-forward training run; returns the summary written to disk.
+
+    ``stop_after`` (raise :class:`TrainingInterrupted` after that many gradient steps) and
+    ``setup`` (called with the wired stability and agent) are test hooks.
+    """
     if not cfg.run.out:
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
     device = resolve_device(cfg.run.device)
@@ -152,6 +161,8 @@ def train(
             support_fn=stab.support_fn,  # stability: adaptive C51 support
         )
         stab.attach(agent)
+    if setup is not None:
+        setup(stab, agent)
     fingerprint = stab.fingerprint
 
     prog = Progress()

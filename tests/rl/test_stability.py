@@ -1,0 +1,139 @@
+"""Stability wiring: fault injection names the slot and step, sanitize/skip policies,
+diagnostics change nothing, one helper for atom positions."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.configio import from_dict
+from trimtab.rl.train import TrainingHalted, train
+
+TINY = {
+    "run": {"progress": False, "checkpoint_every": 1000, "log_every": 4},
+    "data": {"synthetic_days": 300},
+    "env": {"n_envs": 4, "episode_days": 16},
+    "walkforward": {"folds": 1, "steps_per_fold": 12, "learning_starts": 3},
+    "agent": {"batch_size": 16, "hidden": 16, "n_atoms": 11, "n_tau": 4, "n_tau_target": 4,
+              "iqn_embed": 8, "replay_capacity": 1000, "target_update_period": 5},
+}  # fmt: skip
+
+
+def tiny(out: Path, **run: object) -> TrainConfig:
+    return from_dict(TrainConfig, {**TINY, "run": {**TINY["run"], "out": str(out), **run}})
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _slots(tmp_path: Path) -> list[dict]:
+    train(tiny(tmp_path / "probe"))
+    return json.loads((tmp_path / "probe" / "sentinel.json").read_text())["slots"]
+
+
+def test_fault_injection_names_slot_and_step(tmp_path):
+    slots = [s for s in _slots(tmp_path) if s["name"] != "atom_span"]
+    rng = random.Random(0)
+    trials = [(rng.choice(slots)["name"], rng.randrange(0, 8), rng.choice(["nan", "inf", "1e30"]))
+              for _ in range(10)]  # fmt: skip
+    trials += [("weight.trunk.0.weight", 5, "1e30"), ("targets", 2, "nan"), ("trunk", 4, "inf")]
+    for i, (name, step, value) in enumerate(trials):
+        out = tmp_path / f"t{i}"
+
+        def setup(stab, agent, fault=(name, step, float(value))):
+            stab.fault = fault
+
+        with pytest.raises(TrainingHalted, match=re.escape(repr(name))):
+            train(tiny(out), setup=setup)
+        fired = json.loads((out / "sentinel.json").read_text())["fired"]
+        first = fired[0]
+        assert (first["name"], first["step"]) == (name, step), (name, step, value, fired[:3])
+        assert first["kind"] == {"nan": "nan", "inf": "inf", "1e30": "threshold"}[value]
+        summary = json.loads((out / "summary.json").read_text())
+        assert name in summary["halted"]
+
+
+def test_sanitize_continues_with_finite_weights(tmp_path):
+    out = tmp_path / "run"
+
+    def setup(stab, agent):
+        stab.fault = ("grad.trunk.0.weight", 3, float("nan"))
+
+    summary = train(tiny(out, on_nonfinite="sanitize"), setup=setup)
+    assert summary["halted"] is None and summary["folds"][0]["nonfinite"] >= 1
+    state = torch.load(out / "checkpoints/last.pt", weights_only=False)["state"]["agent"]
+    assert all(torch.isfinite(v).all() for v in state["online"].values())
+    fired = json.loads((out / "sentinel.json").read_text())["fired"]
+    assert fired[0]["name"] == "grad.trunk.0.weight" and fired[0]["step"] == 3
+
+
+def test_skip_leaves_weights_and_moments_untouched():
+    from trimtab.lifecycle import Lifecycle
+    from trimtab.rl.agent import DQNAgent
+    from trimtab.rl.stability import Stability
+
+    cfg = tiny(Path("unused"), on_nonfinite="skip")
+    with Lifecycle():
+        stab = Stability(cfg, n_branches=2, device=torch.device("cpu"))
+        agent = DQNAgent(5, [3, 3], cfg.agent, optimizer_factory=stab.optimizer_factory,
+                         support_fn=stab.support_fn)  # fmt: skip
+        stab.attach(agent)
+    batch = {"obs": torch.randn(16, 5), "action": torch.randint(0, 3, (16, 2)),
+             "reward": torch.randn(16), "next_obs": torch.randn(16, 5),
+             "discount": torch.full((16,), 0.9)}  # fmt: skip
+    agent.update(batch)  # moments exist
+    opt = agent.optimizer
+    params = list(agent.online.parameters())
+    before = [p.detach().clone() for p in params]
+    moments = [opt.state[p]["exp_avg"].clone() for p in params]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    params[0].grad.view(-1)[0] = float("nan")
+    stab.step(opt)
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    assert all(torch.equal(opt.state[p]["exp_avg"], m) for p, m in zip(params, moments))
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    stab.step(opt)
+    assert not all(torch.equal(p, b) for p, b in zip(params, before))
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "off"])
+def test_diagnostics_never_change_training(tmp_path, mode):
+    def quiet(stab, agent):
+        stab.diagnostics = False
+
+    train(tiny(tmp_path / "on", stability=mode))
+    train(tiny(tmp_path / "off", stability=mode), setup=quiet)
+    a = torch.load(tmp_path / "on/checkpoints/last.pt", weights_only=False)["state"]
+    b = torch.load(tmp_path / "off/checkpoints/last.pt", weights_only=False)["state"]
+    for k, v in a["agent"]["online"].items():
+        assert torch.equal(v, b["agent"]["online"][k]), k
+    va, vb = a["stability"]["state"]["values"][:2], b["stability"]["state"]["values"][:2]
+    torch.testing.assert_close(va, vb, rtol=0, atol=0, equal_nan=True)
+
+
+def test_atom_positions_have_one_writer():
+    """Every place that computes atom positions goes through losses.atoms, fed by support_fn."""
+    root = Path(__file__).parents[2] / "src" / "trimtab" / "rl"
+    sources = {p.name: p.read_text() for p in root.glob("*.py")}
+    linspace = [n for n, s in sources.items() if "linspace" in s]
+    assert linspace == ["losses.py"], linspace
+    calls = [(n, line.strip()) for n, s in sources.items() for line in s.splitlines()
+             if re.search(r"\batoms\(", line) and "def atoms" not in line]  # fmt: skip
+    assert calls and all(n == "agent.py" for n, _ in calls), calls
+    agent_src = sources["agent.py"]
+    assert agent_src.count("self.support_fn()") == len(calls)
+    # and the adaptive support_fn reads its slot through the one read-with-floor helper
+    assert 'self.state.read("target_bound", floor=SUPPORT_FLOOR)' in sources["stability.py"]
