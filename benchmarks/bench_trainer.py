@@ -1,0 +1,142 @@
+"""Trainer throughput and the cost of the stability guard: environment steps/s, gradient steps/s
+per stability mode, and (on CUDA) a proof that the guarded step makes no host synchronisation.
+
+    python benchmarks/bench_trainer.py [--device cuda] [--quick] [--out PATH]
+
+Workload: the default ``trimtab train`` config (4 assets, 16 envs, batch 64, the default net),
+fold 0 of the embedded market. Env steps/s counts single-env transitions (16 per batched
+step: act, env step, replay insert). A gradient step is sample + loss + backward + clip +
+optimizer step + every sentinel check of the mode. ``guard overhead`` = adaptive / off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trimtab.benchmarking import provenance
+from trimtab.lifecycle import Lifecycle
+from trimtab.rl.agent import DQNAgent
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.env import BatchedTradingEnv
+from trimtab.rl.stability import Stability
+from trimtab.rl.walkforward import fold_arrays, load_market, make_folds
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "trainer.json"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(cfg: TrainConfig, device: torch.device) -> tuple[Any, ...]:
+    market = load_market(cfg)
+    fold = make_folds(market.n_days, cfg)[0]
+    feats, _ = fold_arrays(market, fold)
+    env = BatchedTradingEnv(
+        feats[fold.train_start : fold.train_end],
+        market.log_returns[fold.train_start : fold.train_end],
+        n_envs=cfg.env.n_envs, window_len=cfg.env.episode_days, levels=cfg.env.levels,
+        cost_bps=cfg.env.cost_bps, device=device, seed=0,
+    )  # fmt: skip
+    n = market.features.shape[1]
+    with Lifecycle():
+        stab = Stability(cfg, n_branches=n, device=device)
+        agent = DQNAgent(
+            env.obs_dim, [len(cfg.env.levels)] * n, cfg.agent, device,
+            optimizer_factory=stab.optimizer_factory, support_fn=stab.support_fn,
+        )  # fmt: skip
+        stab.attach(agent)
+    return env, agent, stab, agent.make_replay()
+
+
+def collect(env: BatchedTradingEnv, agent: DQNAgent, replay: Any, obs: torch.Tensor, n: int):
+    for i in range(n):
+        action = agent.act(obs, 10_000 + i)
+        res = env.step(action)
+        replay.add(obs, action, res.reward, res.final_obs, res.terminated, res.truncated)
+        obs = res.obs
+    return obs
+
+
+def measure(cfg: TrainConfig, device: torch.device, steps: int) -> dict[str, float]:
+    env, agent, _, replay = build(cfg, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    obs = collect(env, agent, replay, env.reset(), 64)
+    for _ in range(10):  # warm-up: kernels compiled, pointer tables built, moments allocated
+        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    _sync(device)
+    t0 = time.perf_counter()
+    obs = collect(env, agent, replay, obs, steps)
+    _sync(device)
+    env_rate = steps * env.n_envs / (time.perf_counter() - t0)
+    times = []
+    for _ in range(3):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+        _sync(device)
+        times.append((time.perf_counter() - t0) / steps)
+    ms = statistics.median(times) * 1e3
+    out = {"env_steps_per_s": env_rate, "grad_step_ms": ms, "grad_steps_per_s": 1e3 / ms}
+    if device.type == "cuda":
+        out["sync_free"] = sync_free(env, agent, replay, obs, gen, cfg)
+    return out
+
+
+def sync_free(env, agent, replay, obs, gen, cfg) -> str:
+    """Run collect + guarded update under set_sync_debug_mode("error"): 'yes' or the error."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            obs = collect(env, agent, replay, obs, 1)
+            agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+        return "yes"
+    except RuntimeError as e:
+        return f"no: {str(e).splitlines()[0]}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="few steps, a small net")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    cfg = TrainConfig()
+    steps = 200
+    if args.quick:
+        cfg = replace(cfg, agent=replace(cfg.agent, hidden=16, n_tau=2, n_tau_target=2))
+        steps = 5
+    rows = {}
+    for mode in ("off", "fixed", "adaptive"):
+        rows[mode] = measure(replace(cfg, run=replace(cfg.run, stability=mode)), device, steps)
+    overhead = rows["adaptive"]["grad_step_ms"] / rows["off"]["grad_step_ms"]
+    print(f"trainer throughput on {device} ({'quick' if args.quick else 'default config'})\n")
+    print("| stability | env steps/s | gradient steps/s | ms per gradient step | sync-free |")
+    print("|---|---:|---:|---:|---|")
+    for mode, r in rows.items():
+        print(f"| {mode} | {r['env_steps_per_s']:,.0f} | {r['grad_steps_per_s']:.1f} | "
+              f"{r['grad_step_ms']:.2f} | {r.get('sync_free', 'n/a (CPU)')} |")  # fmt: skip
+    print(f"\nguard overhead (adaptive / off): {overhead:.2f}x")
+    result = {"benchmark": "trainer", **provenance(device), "quick": args.quick,
+              "steps": steps, "modes": rows, "guard_overhead": overhead}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
