@@ -1,10 +1,14 @@
-"""Step time of trimtab.optim.Adam (every feature on) against torch.optim.AdamW(fused=True) and
-(foreach=True), for 1M, 10M and 100M float32 parameters split over about 50 tensors.
+"""Step time of trimtab.optim.Adam against torch.optim.AdamW(fused=True) and (foreach=True), for
+1M, 10M and 100M float32 parameters split over about 50 tensors.
 
-Target: trimtab <= 1.3x torch's fused AdamW. On CUDA each optimizer's step is captured in a
-CUDA graph (torch's with capturable=True) and replayed; the median over replays, timed with
-CUDA events, is reported. Bytes moved per step for AdamW: read w, g, m, v and write w, m, v,
-28 bytes per float32 parameter (the GB/s column uses that count for every row).
+Rows: ``trimtab`` (every default feature on: weight clamp, adaptive decay, the statistics
+oracle), ``trimtab-nostats`` (weight_decay fixed, weight_clamp off: the bare update, so the
+oracle's cost is the difference), ``fused``, ``foreach``. Target: trimtab <= 1.3x fused AdamW.
+On CUDA every row is timed twice: ``graph`` (the step captured in a CUDA graph, torch's with
+capturable=True, and replayed) and ``eager`` (``opt.step()`` called from Python); each is the
+median over many steps, each step timed with CUDA events. Bytes moved per step for AdamW: read
+w, g, m, v and write w, m, v, 28 bytes per float32 parameter (the GB/s column uses that count
+for every row).
 
     python benchmarks/bench_optim.py                 # H200: writes benchmarks/results/optim.json
     python benchmarks/bench_optim.py --quick --out /tmp/optim.json   # CPU, tiny sizes
@@ -46,12 +50,34 @@ def build(name: str, ps: list[torch.Tensor], cuda: bool):
     if name == "trimtab":
         with detached():
             return topt.Adam(ps, lr=1e-3, capturable=cuda)  # every feature on by default
+    if name == "trimtab-nostats":
+        with detached():
+            return topt.Adam(ps, lr=1e-3, weight_decay=0.01, weight_clamp=False, capturable=cuda)
     if name == "fused":
         return torch.optim.AdamW(ps, lr=1e-3, fused=True, capturable=cuda)
     return torch.optim.AdamW(ps, lr=1e-3, foreach=True, capturable=cuda)
 
 
-def time_cuda(opt, reps: int) -> list[float]:
+def _event_times(fn, reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return times
+
+
+def time_eager(opt, reps: int) -> list[float]:
+    for _ in range(3):
+        opt.step()
+    torch.cuda.synchronize()
+    return _event_times(opt.step, reps)
+
+
+def time_graph(opt, reps: int) -> list[float]:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -63,15 +89,7 @@ def time_cuda(opt, reps: int) -> list[float]:
         opt.step()
     for _ in range(3):
         graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return times
+    return _event_times(graph.replay, reps)
 
 
 def time_cpu(opt, reps: int) -> list[float]:
@@ -93,25 +111,33 @@ def main(argv: list[str] | None = None) -> dict:
     cuda = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda" if cuda else "cpu")
     sizes = [10_000, 30_000] if args.quick else [1_000_000, 10_000_000, 100_000_000]
-    reps = args.reps or (3 if args.quick else 100)
-    names = ["trimtab", "fused", "foreach"] if cuda else ["trimtab", "foreach"]
+    reps = args.reps or (3 if args.quick else 200)
+    names = ["trimtab", "trimtab-nostats", "fused", "foreach"]
+    if not cuda:
+        names.remove("fused")  # fused AdamW needs a GPU
+    modes = ["graph", "eager"] if cuda else ["eager"]
+    base = "fused" if cuda else "foreach"
     rows = []
     for total in sizes:
-        for name in names:
-            ps = make_params(total, device)
-            opt = build(name, ps, cuda)
-            times = time_cuda(opt, reps) if cuda else time_cpu(opt, reps)
-            median = statistics.median(times)
-            rows.append(
-                dict(
-                    params=sum(p.numel() for p in ps), tensors=len(ps), optimizer=name,
-                    median_s=median, gbps=BYTES_PER_PARAM * total / median / 1e9,
-                )
-            )  # fmt: skip
-            del opt, ps
-    base = {r["params"]: r["median_s"] for r in rows if r["optimizer"] == names[1]}
+        for mode in modes:
+            for name in names:
+                ps = make_params(total, device)
+                opt = build(name, ps, cuda)
+                if not cuda:
+                    times = time_cpu(opt, reps)
+                else:
+                    times = time_graph(opt, reps) if mode == "graph" else time_eager(opt, reps)
+                median = statistics.median(times)
+                rows.append(
+                    dict(
+                        params=sum(p.numel() for p in ps), tensors=len(ps), optimizer=name,
+                        mode=mode, median_s=median, gbps=BYTES_PER_PARAM * total / median / 1e9,
+                    )
+                )  # fmt: skip
+                del opt, ps
+    ref_time = {(r["params"], r["mode"]): r["median_s"] for r in rows if r["optimizer"] == base}
     for r in rows:
-        r["ratio_vs_" + names[1]] = r["median_s"] / base[r["params"]]
+        r["ratio_vs_" + base] = r["median_s"] / ref_time[(r["params"], r["mode"])]
     result = dict(
         benchmark="optim",
         device=torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
@@ -126,12 +152,12 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or Path(__file__).resolve().parent / "results" / "optim.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    ratio = "ratio_vs_" + names[1]
-    print(f"| params | optimizer | median step (ms) | GB/s (28 B/param) | x {names[1]} |")
-    print("|---:|---|---:|---:|---:|")
+    ratio = "ratio_vs_" + base
+    print(f"| params | mode | optimizer | median step (ms) | GB/s (28 B/param) | x {base} |")
+    print("|---:|---|---|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['params']:,} | {r['optimizer']} | {r['median_s'] * 1e3:.3f} | "
+            f"| {r['params']:,} | {r['mode']} | {r['optimizer']} | {r['median_s'] * 1e3:.3f} | "
             f"{r['gbps']:.0f} | {r[ratio]:.2f} |"
         )
     print(f"\nwrote {out}")

@@ -15,5 +15,6 @@ def test_quick_mode_runs_and_writes_json(tmp_path):
     mod.main(["--quick", "--out", str(out)])
     result = json.loads(out.read_text())
     assert {"device", "torch", "triton", "date", "commit", "rows"} <= set(result)
-    assert {r["optimizer"] for r in result["rows"]} >= {"trimtab", "foreach"}
+    assert {r["optimizer"] for r in result["rows"]} >= {"trimtab", "trimtab-nostats", "foreach"}
+    assert all(r["mode"] in ("graph", "eager") for r in result["rows"])
     assert all(r["median_s"] > 0 for r in result["rows"])

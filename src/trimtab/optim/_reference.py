@@ -14,8 +14,9 @@ import torch
 from trimtab.quantile import abs_quantile
 
 # Columns of the per-group raw statistics row, shared by the reference and the kernel path.
-SUM_WU, SUM_WW, SUM_UU, SUM_ABS_U, COUNT, ENGAGED, MAX_W, Q_W, Q_M, Q_V, DEFICIT = range(11)
-NUM_STATS = 11
+SUM_WU, SUM_WW, SUM_UU, SUM_ABS_U, SUM_L1_W, COUNT, ENGAGED = range(7)
+MAX_W, Q_W, Q_M, Q_V, DEFICIT = range(7, 12)
+NUM_STATS = 12
 
 
 def feature_axis_sq_norms(g: torch.Tensor) -> torch.Tensor:
@@ -75,7 +76,8 @@ def adam_group_step_reference(
     ``weight_decay`` is a float (fixed, the exact ``torch.optim.AdamW`` arithmetic) or a 0-dim
     tensor (the adaptive rate read from the state vector). With ``stats`` it returns a float32
     row of ``NUM_STATS`` values (columns ``SUM_WU`` ... ``DEFICIT``): ``Σ w·u``, ``Σ w²``,
-    ``Σ u²``, ``Σ |u|``, the count of finite ``|w''|``, how many of them exceed ``b``, their
+    ``Σ u²``, ``Σ |u|``, ``Σ |w|`` over the tensors that take the L1 step (0 without ``l1``),
+    the count of finite ``|w''|``, how many of them exceed ``b``, their
     finite max, the exact ``quantile`` of ``|w''|``, ``|m|`` and ``|v|`` (before the clamp, so
     the clamp's engagements are visible), and the entropy deficit of the input-feature gradient
     norms of the ``l1_params`` (NaN if none).
@@ -87,7 +89,7 @@ def adam_group_step_reference(
     """
     device = params[0].device if params else torch.device("cpu")
     zero = torch.zeros((), dtype=torch.float32, device=device)
-    sums = [zero.clone() for _ in range(4)]
+    sums = [zero.clone() for _ in range(5)]
     count = zero.clone()
     engaged = zero.clone()
     max_w = zero.clone()
@@ -132,6 +134,8 @@ def adam_group_step_reference(
             sums[3] += u.abs().sum().float()
             if l1_params[i]:
                 col_sq.append(feature_axis_sq_norms(grad))
+                if l1 is not None:
+                    sums[4] += w.abs().sum().float()
 
         if fixed_decay:
             if weight_decay != 0:

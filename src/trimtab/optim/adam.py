@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from trimtab import estimate
 from trimtab._impl import resolve_impl
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
@@ -93,13 +94,19 @@ class Adam(torch.optim.Optimizer):
     ``torch.optim.AdamW``'s.
 
     **Statistics oracle.** The same pass over ``w, g, m, v`` yields, per group,
-    ``Σ w·u, Σ w², Σ u², Σ|u|``, the q-quantile of ``|w|`` (after the update, before the
-    clamp), ``|m|`` and ``|v|``, the clamp's engagement count and the max ``|w|``; each step's
-    observation is folded into the slots by an :class:`~trimtab.AdaptiveEMA`. The coefficients
-    a step uses come from the slots as they stood before it (one step of lag, so the kernel
-    reads every tensor once). On CUDA one fused Triton kernel per group does update and
-    statistics together (:mod:`trimtab.kernels.optim`); the reference is
-    :func:`trimtab.optim._reference.adam_group_step_reference`.
+    ``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, the q-quantile of ``|w|`` (after the update, before
+    the clamp), ``|m|`` and ``|v|``, the clamp's engagement count and the max ``|w|``; each
+    step's observation is folded into the slots by an :class:`~trimtab.AdaptiveEMA`. The
+    coefficients a step uses come from the slots as they stood before it (one step of lag, so
+    the kernel reads every tensor once). The reference
+    (:func:`trimtab.optim._reference.adam_group_step_reference`, the CPU path) takes exact
+    quantiles. On CUDA (:mod:`trimtab.kernels.optim`) a step is one fused update launch per
+    group, whose sums cover every element and whose quantiles come from a rotating systematic
+    sample of blocks (at least 2**17 elements, every block once per at most 64 steps), read
+    to within 2**-8 below the sampled order statistic (within a factor 2 below on a step where
+    the quantile moves by more than √2), then one finalize launch for all groups (quantiles,
+    engagement correction, both EMAs, slots, step counters): two launches in all for one group,
+    no host sync, capturable in a CUDA graph.
 
     **Weight clamp** (``weight_clamp=True``): ``|w| <= b``, ``b`` the group's ``weight_bound``
     slot read as ``max(slot, WEIGHT_BOUND_FLOOR)``, no clamp while unset. The slot is the EMA
@@ -119,6 +126,10 @@ class Adam(torch.optim.Optimizer):
 
     .. math:: \lambda^* = \frac{-w\cdot u + \tfrac{\eta}{2}\|u\|^2}{\max(\|w\|^2, \epsilon)}.
 
+    With L1 on, the proximal step already shrinks ``‖w‖²`` by about
+    :math:`2\eta\lambda_1 \sum_{L1}|w|` per step, so the observation is taken net of it,
+    :math:`\lambda^* - \lambda_1 \sum_{L1}|w| / \|w\|^2`: decay adds only the shrink that L1
+    does not already provide, instead of doubling it (which held back weights that had to grow).
     The observation :math:`\lambda^*` is smoothed by the EMA and read as ``max(slot, 0)``: decay
     applies only while the update, on average, pushes the weights outward (the second term is
     the random-walk growth of a noisy step). It uses the Adam direction ``u``, not the gradient
@@ -210,11 +221,7 @@ class Adam(torch.optim.Optimizer):
         self._lr_host: list[Any] = [None] * num_groups
         self._consts: dict[Any, torch.Tensor] = {}
         if self.impl == "triton":
-            from trimtab.kernels import optim as kern
-
-            self._sums = torch.zeros(num_groups, kern.NUM_SUMS, device=device)
-            self._ints = torch.zeros(num_groups, kern.INT_WIDTH, dtype=torch.int32, device=device)
-            self._sel = torch.full((num_groups, 3), -1, dtype=torch.int32, device=device)
+            self._init_kernel_state(num_groups)
         register(
             self,
             "reset_state",
@@ -323,6 +330,21 @@ class Adam(torch.optim.Optimizer):
             state["step"] = state["step"].to(device=step_device, dtype=torch.float32)
         return state
 
+    def _group_tensors(self, group: Mapping[str, Any]) -> tuple[list[torch.Tensor], ...]:
+        params, grads, ms, vs, steps = [], [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("trimtab.optim.Adam does not support sparse gradients")
+            state = self._state_of(p, group)
+            params.append(p)
+            grads.append(p.grad)
+            ms.append(state["exp_avg"])
+            vs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        return params, grads, ms, vs, steps
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """One optimizer step over every parameter with a gradient; no host sync."""
@@ -330,91 +352,39 @@ class Adam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.impl == "triton":
+            self._step_triton()
+            return loss
         coef = self._coefficients()
         num_groups = len(self.param_groups)
         observed = [False] * num_groups
         rows: list[torch.Tensor | None] = [None] * num_groups
-        deficits: list[torch.Tensor | None] = [None] * num_groups
-        triton = self.impl == "triton"
-        if triton:
-            from trimtab.kernels import optim as kern
-
-            self._sums.zero_()
-            self._ints.zero_()
         for gi, group in enumerate(self.param_groups):
-            params, grads, ms, vs, steps = [], [], [], [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("trimtab.optim.Adam does not support sparse gradients")
-                state = self._state_of(p, group)
-                params.append(p)
-                grads.append(p.grad)
-                ms.append(state["exp_avg"])
-                vs.append(state["exp_avg_sq"])
-                steps.append(state["step"])
+            params, grads, ms, vs, steps = self._group_tensors(group)
             if not params:
                 continue
             stats = self._needs_stats(group)
             observed[gi] = stats
-            l1_flags = [group["l1"] and p.dim() >= 2 for p in params]
-            beta1, beta2 = group["betas"]
             wd = group["weight_decay"]
-            if triton:
-                lr = group["lr"]
-                if isinstance(lr, torch.Tensor):
-                    raise ValueError(
-                        "the Triton path takes a Python float lr; use impl='torch' for a tensor lr"
-                    )
-                torch._foreach_add_(steps, 1.0)
-                grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
-                kern.adam_group_step_triton(
-                    params, grads, ms, vs, torch.stack(steps),
-                    self._const(("l1", gi), [int(f) for f in l1_flags], torch.int32),
-                    coef[gi], self._sums[gi], self._ints[gi], self._sel[gi],
-                    lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"], stats=stats,
-                    l1=group["l1"], clamp=group["weight_clamp"],
-                )  # fmt: skip
-                if group["l1"] and stats:
-                    cols = [ref.feature_axis_sq_norms(g) for g, f in zip(grads, l1_flags) if f]
-                    deficits[gi] = ref.entropy_deficit(cols, self.device)
-            else:
-                rows[gi] = ref.adam_group_step_reference(
-                    params, grads, ms, vs, steps,
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=coef[gi, 0] if wd == "auto" else wd,
-                    l1=coef[gi, 1] if group["l1"] else None, l1_params=l1_flags,
-                    bound=coef[gi, 2] if group["weight_clamp"] else None,
-                    capturable=group["capturable"], stats=stats, quantile=self.quantile,
-                )  # fmt: skip
+            beta1, beta2 = group["betas"]
+            rows[gi] = ref.adam_group_step_reference(
+                params, grads, ms, vs, steps,
+                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                weight_decay=coef[gi, 0] if wd == "auto" else wd,
+                l1=coef[gi, 1] if group["l1"] else None,
+                l1_params=[group["l1"] and p.dim() >= 2 for p in params],
+                bound=coef[gi, 2] if group["weight_clamp"] else None,
+                capturable=group["capturable"], stats=stats, quantile=self.quantile,
+            )  # fmt: skip
         if any(observed):
-            stats_rows = self._kernel_rows(deficits) if triton else self._reference_rows(rows)
-            self._fold(stats_rows, observed)
+            nan = torch.full((ref.NUM_STATS,), math.nan, device=self.device)
+            s = torch.stack([nan if r is None else r.to(self.device) for r in rows])
+            self._fold(s, observed, coef[:, 1])
         return loss
 
-    def _reference_rows(self, rows: list[torch.Tensor | None]) -> torch.Tensor:
-        nan = torch.full((ref.NUM_STATS,), math.nan, device=self.device)
-        return torch.stack([nan if r is None else r.to(self.device) for r in rows])
-
-    def _kernel_rows(self, deficits: list[torch.Tensor | None]) -> torch.Tensor:
-        from trimtab.kernels import optim as kern
-
-        q, n = kern.finish_quantiles(self._ints, self._sel, self.quantile)
-        nan = torch.full((), math.nan, device=self.device)
-        deficit = torch.stack([nan if d is None else d.float() for d in deficits])
-        cols = [
-            self._sums,
-            n[:, :1].float(),
-            self._ints[:, kern.INT_ENGAGED : kern.INT_ENGAGED + 1].float(),
-            self._ints[:, kern.INT_MAXBITS : kern.INT_MAXBITS + 1].view(torch.float32),
-            q,
-            deficit[:, None],
-        ]
-        return torch.cat(cols, dim=1)
-
-    def _fold(self, s: torch.Tensor, observed: list[bool]) -> None:
-        """Turn one step's raw statistics ``[G, NUM_STATS]`` into observations and fold them."""
+    def _fold(self, s: torch.Tensor, observed: list[bool], l1_coef: torch.Tensor) -> None:
+        """Turn one step's raw statistics ``[G, NUM_STATS]`` into observations and fold them;
+        ``l1_coef`` is the L1 threshold per unit lr each group used in the step."""
         groups = self.param_groups
         seen = self._const("observed", observed, torch.bool)
         clamp = seen & self._const("clamp", [g["weight_clamp"] for g in groups], torch.bool)
@@ -422,9 +392,10 @@ class Adam(torch.optim.Optimizer):
         l1 = seen & self._const("l1on", [g["l1"] for g in groups], torch.bool)
         lr = self._lr_vector()
         count = s[:, ref.COUNT]
-        decay_obs = (-s[:, ref.SUM_WU] + 0.5 * lr * s[:, ref.SUM_UU]) / s[:, ref.SUM_WW].clamp(
-            min=NORM_EPS
-        )
+        # Net of L1's own shrink of ‖w‖² (2ηλ₁Σ|w| per step): decay adds only what L1 lacks.
+        decay_obs = (
+            -s[:, ref.SUM_WU] + 0.5 * lr * s[:, ref.SUM_UU] - l1_coef * s[:, ref.SUM_L1_W]
+        ) / s[:, ref.SUM_WW].clamp(min=NORM_EPS)
         l1_obs = s[:, ref.DEFICIT] * s[:, ref.SUM_ABS_U] / count  # 0/0 -> NaN: ignored
         self.engagement.observe(s[:, ref.ENGAGED], count, s[:, ref.MAX_W], mask=clamp)
         bound_obs = self.engagement.correct(s[:, ref.Q_W])
@@ -436,6 +407,168 @@ class Adam(torch.optim.Optimizer):
         num_groups = len(groups)
         for i, name in enumerate(SLOT_NAMES):
             self._slot(name).copy_(est[i * num_groups : (i + 1) * num_groups])
+
+    # --- the Triton path: one update launch per group, one finalize launch per step ----------
+    def _init_kernel_state(self, num_groups: int) -> None:
+        from trimtab.kernels import optim as kern
+
+        dev = self.device
+        self._sums = torch.zeros(num_groups, kern.NUM_SUMS, device=dev)
+        self._ints = torch.zeros(num_groups, kern.INT_WIDTH, dtype=torch.int32, device=dev)
+        self._sel = torch.full((num_groups, 3), -1, dtype=torch.int32, device=dev)
+        self._phase = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._deficit = torch.full((num_groups,), math.nan, device=dev)
+        self._slot_views = [
+            tuple(self._slot(n)[gi] for n in ("decay", "l1", "weight_bound"))
+            for gi in range(num_groups)
+        ]
+        self._group_cache: dict[Any, Any] = {}
+        self._finalize_impl = "triton"  # "torch": the reference finalize, for tests
+        # The AdaptiveEMA's dof-dependent thresholds, computed by estimate.py itself (float32,
+        # as its update computes them), so the kernel reads the very same numbers.
+        self._dof_max = int(torch.tensor((2.0 - estimate.META_RATE) / estimate.META_RATE).item())
+        dof = torch.arange(1, self._dof_max + 1, dtype=torch.float32, device=dev)
+        c = estimate._t_threshold(estimate.OUTLIER_Z, dof)
+        self._dof_tables = (c, estimate._clipped_second_moment(c))
+        ema, frac, eng = self._ema._t, self.engagement._fraction._t, self.engagement
+        tensors = [
+            *(ema[n] for n in kern.EMA_FIELDS + kern.EMA_BANK),
+            *(frac[n] for n in kern.EMA_FIELDS + kern.EMA_BANK),
+            eng._rate, eng._max, eng._z, eng.engaged_total, eng.seen_total,
+            self._ema._q_level, self._ema._q_slope, *self._dof_tables, self.state_vector.tensor,
+        ]  # fmt: skip
+        assert len(tensors) == kern.TABLE_SIZE
+        # Every tensor above is updated in place for the optimizer's life (reset and
+        # load_state_dict copy into it), so its pointer is fixed: one table, built once.
+        self._finalize_table = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+        self._finalize_table = self._finalize_table.to(dev)
+        offsets = [self.state_vector.index(f"{self.prefix}_{n}")[0] for n in SLOT_NAMES]
+        self._slot_offsets = torch.tensor(offsets, dtype=torch.int32).to(dev)
+        p = self.engagement.expected_rate
+        self._kconsts = torch.tensor(
+            [self.quantile, p, self.engagement.z_threshold], dtype=torch.float64
+        ).to(dev)
+
+    def _group_plan(self, gi: int, tensors: tuple[list[torch.Tensor], ...]) -> tuple:
+        """Pointer tables, L1 flags and sampling stride of a group's step (cached by the data
+        pointers, so a loop over the same buffers builds nothing and copies nothing)."""
+        from trimtab.kernels import optim as kern
+
+        params, grads = tensors[0], tensors[1]
+        key = (gi, tuple(p.data_ptr() for p in params), tuple(g.data_ptr() for g in grads))
+        plan = self._group_cache.get(key)
+        if plan is None:
+            group = self.param_groups[gi]
+            flags = [int(group["l1"] and p.dim() >= 2) for p in params]
+            plan = (
+                kern.group_tables(*tensors),
+                torch.tensor(flags, dtype=torch.int32).to(self.device),
+                kern.sample_stride(sum(p.numel() for p in params)),
+                [i for i, f in enumerate(flags) if f],
+            )
+            if len(self._group_cache) > 4 * len(self.param_groups):
+                self._group_cache.clear()
+            self._group_cache[key] = plan
+        return plan
+
+    def _step_triton(self) -> None:
+        from trimtab.kernels import optim as kern
+
+        num_groups = len(self.param_groups)
+        observed = [False] * num_groups
+        all_steps: list[torch.Tensor] = []
+        plans: list[int] = []
+        for gi, group in enumerate(self.param_groups):
+            tensors = self._group_tensors(group)
+            if not tensors[0]:
+                continue
+            lr = group["lr"]
+            if isinstance(lr, torch.Tensor):
+                raise ValueError(
+                    "the Triton path takes a Python float lr; use impl='torch' for a tensor lr"
+                )
+            tensors = (
+                tensors[0],
+                [g if g.is_contiguous() else g.contiguous() for g in tensors[1]],
+                *tensors[2:],
+            )
+            plan = self._group_plan(gi, tensors)
+            tables, l1_flags, stride, l1_idx = plan
+            stats = self._needs_stats(group)
+            observed[gi] = stats
+            if group["l1"] and stats:
+                cols = [ref.feature_axis_sq_norms(tensors[1][i]) for i in l1_idx]
+                self._deficit[gi].copy_(ref.entropy_deficit(cols, self.device))
+            wd = group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            kern.adam_group_step_triton(
+                tables, l1_flags, self._slot_views[gi],
+                self._sums[gi], self._ints[gi], self._sel[gi], self._phase,
+                lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"],
+                weight_decay=None if wd == "auto" else float(wd),
+                stats=stats, l1=group["l1"], clamp=group["weight_clamp"], stride=stride,
+                floor=WEIGHT_BOUND_FLOOR,
+            )  # fmt: skip
+            all_steps.extend(tensors[4])
+            plans.append(id(plan))
+        if not all_steps:
+            return
+        if self._finalize_impl == "torch":
+            self._finalize_torch(observed, all_steps)
+            return
+        groups = self.param_groups
+        flags = [
+            (kern.OBSERVED if observed[i] else 0)
+            | (kern.CLAMP if g["weight_clamp"] else 0)
+            | (kern.AUTO if g["weight_decay"] == "auto" else 0)
+            | (kern.L1 if g["l1"] else 0)
+            for i, g in enumerate(groups)
+        ]
+        kern.finalize_triton(
+            self._finalize_table, self._ints, self._sums, self._sel, self._deficit,
+            self._lr_vector(), self._const("flags", flags, torch.int32), self._slot_offsets,
+            self._kconsts, self._steps_table(tuple(plans), all_steps), self._phase,
+            stats=any(observed), num_candidates=self._ema._q_level.numel(),
+            meta_rate=estimate.META_RATE, tiny=estimate.TINY, dof_max=self._dof_max,
+            norm_eps=NORM_EPS,
+        )  # fmt: skip
+
+    def _steps_table(self, plans: tuple[int, ...], steps: list[torch.Tensor]) -> Any:
+        """The pointer table of every step counter stepped now, cached with the group plans."""
+        from trimtab.kernels._table import pointer_table
+
+        key = ("steps", plans)
+        table = self._group_cache.get(key)
+        if table is None:
+            table = self._group_cache[key] = pointer_table(steps, 1)
+        return table
+
+    def _finalize_torch(self, observed: list[bool], steps: list[torch.Tensor]) -> None:
+        """The finalize kernel's reference: the same workspace, folded by torch ops."""
+        from trimtab.kernels import optim as kern
+
+        if any(observed):
+            q, nxt = kern.window_quantiles_reference(self._ints, self._sel, self.quantile)
+            ints = self._ints
+            s = torch.cat(
+                [
+                    self._sums,
+                    ints[:, kern.INT_FINITE : kern.INT_FINITE + 1].float(),
+                    ints[:, kern.INT_ENGAGED : kern.INT_ENGAGED + 1].float(),
+                    ints[:, kern.INT_MAXBITS : kern.INT_MAXBITS + 1].view(torch.float32),
+                    q,
+                    self._deficit[:, None],
+                ],
+                dim=1,
+            )
+            l1_coef = torch.fmax(self._slot("l1"), torch.zeros((), device=self.device))
+            self._fold(s, observed, l1_coef)
+            self._sel.copy_(nxt)
+        self._ints.zero_()
+        self._sums.zero_()
+        self._deficit.fill_(math.nan)
+        torch._foreach_add_(steps, 1.0)
+        self._phase.add_(1).remainder_(kern.PHASE_PERIOD)
 
     # --- lifecycle ------------------------------------------------------------------------
     @torch.no_grad()
@@ -451,7 +584,15 @@ class Adam(torch.optim.Optimizer):
         for name in SLOT_NAMES:
             self._slot(name).fill_(math.nan)
         if self.impl == "triton":
-            self._sel.fill_(-1)
+            self._clear_kernel_state()
+
+    def _clear_kernel_state(self) -> None:
+        self._sel.fill_(-1)
+        self._phase.zero_()
+        self._ints.zero_()
+        self._sums.zero_()
+        self._deficit.fill_(math.nan)
+        self._group_cache.clear()
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -461,6 +602,7 @@ class Adam(torch.optim.Optimizer):
             "ema": self._ema.state_dict(),
             "engagement": self.engagement.state_dict(),
             "quantile_bins": self._sel.clone() if self.impl == "triton" else None,
+            "sample_phase": self._phase.clone() if self.impl == "triton" else None,
         }
         return sd
 
@@ -481,9 +623,12 @@ class Adam(torch.optim.Optimizer):
         self.state_vector.load_state_dict(saved)
         self._ema.load_state_dict(extra["ema"])
         self.engagement.load_state_dict(extra["engagement"])
-        if self.impl == "triton" and extra.get("quantile_bins") is not None:
-            self._sel.copy_(extra["quantile_bins"])
-        elif self.impl == "triton":
-            self._sel.fill_(-1)
+        if self.impl == "triton":
+            self._clear_kernel_state()  # the moments are new tensors: new pointer tables
+            bins = extra.get("quantile_bins")
+            if bins is not None and tuple(bins.shape) == tuple(self._sel.shape):
+                self._sel.copy_(bins)
+            if extra.get("sample_phase") is not None:
+                self._phase.copy_(extra["sample_phase"])
         for group in self.param_groups:
             _check_group(group)
