@@ -103,7 +103,12 @@ def sync_free(env, agent, replay, obs, gen, cfg) -> str:
             agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
         return "yes"
     except RuntimeError as e:
-        return f"no: {str(e).splitlines()[0]}"
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if "trimtab" in f.filename]
+        where = f" at {frames[-1].filename.split('src/')[-1]}:{frames[-1].lineno}" if frames else ""
+        traceback.print_exc()
+        return f"no: {str(e).splitlines()[0]}{where}"
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

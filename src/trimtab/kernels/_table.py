@@ -56,18 +56,30 @@ def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
     starts = [0]
     for b in blocks:
         starts.append(starts[-1] + b)
-    host = torch.tensor([[t.data_ptr() for t in tensors], numels, starts[:-1]], dtype=torch.int64)
-    dev = host.to(device)
+    blocks_t = torch.tensor(blocks, dtype=torch.int64)
+    host = torch.cat(
+        [
+            torch.tensor(
+                [[t.data_ptr() for t in tensors], numels, starts[:-1]], dtype=torch.int64
+            ).reshape(-1),
+            torch.tensor(starts, dtype=torch.int64),
+            torch.repeat_interleave(torch.arange(len(tensors), dtype=torch.int64), blocks_t),
+        ]
+    )
+    if device.type == "cuda":
+        # pinned + non_blocking: an asynchronous copy, not a host sync (the caching host
+        # allocator keeps the pinned block alive until the copy has run)
+        host = host.pin_memory()
+    dev = host.to(device, non_blocking=True)
+    n = len(tensors)
     table = PointerTable(
-        ptrs=dev[0],
-        numels=dev[1],
-        block_start=torch.tensor(starts, dtype=torch.int64).to(device),
-        block_tensor=torch.repeat_interleave(
-            torch.arange(len(tensors), dtype=torch.int32), torch.tensor(blocks)
-        ).to(device),
+        ptrs=dev[0:n],
+        numels=dev[n : 2 * n],
+        block_start=dev[3 * n : 4 * n + 1],
+        block_tensor=dev[4 * n + 1 :].to(torch.int32),
         num_blocks=starts[-1],
         block=block,
-        count=len(tensors),
+        count=n,
     )
     _cache[key] = table
     if len(_cache) > _CACHE_SIZE:

@@ -117,10 +117,10 @@ def n_step_returns(rewards: Tensor, gamma: float) -> Tensor:
     n = rewards.shape[-1]
     k = torch.arange(n, device=rewards.device)
     lag = k.unsqueeze(1) - k.unsqueeze(0)  # lag[k, i] = k − i
+    # torch.pow(number, tensor): γ travels as a kernel argument, no host-to-device copy
+    powers = torch.pow(gamma, lag.clamp_min(0).to(rewards.dtype))
     weights = torch.where(
-        lag >= 0,
-        torch.tensor(gamma, dtype=rewards.dtype, device=rewards.device) ** lag.clamp_min(0),
-        torch.zeros((), dtype=rewards.dtype, device=rewards.device),
+        lag >= 0, powers, torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     )
     return rewards @ weights
 
@@ -130,5 +130,5 @@ def n_step_discounts(n_steps: Tensor, terminated: Tensor, gamma: float) -> Tenso
 
     A truncated (time-limit) episode is not terminated: it still bootstraps from its last state.
     """
-    discount = torch.tensor(gamma, dtype=torch.float32, device=n_steps.device) ** n_steps
+    discount = torch.pow(gamma, n_steps.to(torch.float32))
     return discount * (~terminated).to(discount.dtype)
