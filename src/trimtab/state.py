@@ -159,7 +159,7 @@ class StateVector:
         if floor is None:
             return v
         if not isinstance(floor, torch.Tensor):
-            floor = torch.tensor(floor, dtype=v.dtype, device=v.device)
+            floor = torch.full_like(v, floor)  # a fill on the device: no host-to-device copy
         return torch.fmax(v, floor)
 
     def is_set(self, name: str) -> torch.Tensor:

@@ -23,7 +23,7 @@ from trimtab.estimate import AdaptiveEMA
 from trimtab.lifecycle import register
 from trimtab.optim import Adam
 from trimtab.optim.adam import adam_slots
-from trimtab.quantile import abs_quantile
+from trimtab.quantile import abs_quantile, abs_quantiles
 from trimtab.rl.agent import DQNAgent, StepGuard
 from trimtab.rl.config import TrainConfig
 from trimtab.sentinel import Rule, Sentinel
@@ -82,7 +82,7 @@ class Stability(StepGuard):
         self._step_max = torch.zeros(len(_CONSUMERS), device=device)
         self._log_counts = torch.zeros(len(_CONSUMERS), 2, dtype=torch.int64, device=device)
         self.watch_ema = AdaptiveEMA(len(_WATCHED), device=device)
-        self._watch_masks = torch.eye(len(_WATCHED), dtype=torch.bool, device=device)
+        self._watch_masks: dict[tuple[str, ...], Tensor] = {}
         self.sentinel = Sentinel(device)
         #: Test hook: ``(slot name, step, value)`` writes ``value`` into that slot's buffer right
         #: before its check number ``step`` (the step the sentinel will report).
@@ -190,11 +190,21 @@ class Stability(StepGuard):
         self._checks[f"guard:{name}"] = self._checks.get(f"guard:{name}", 0) + 1
 
     def _watch(self, values: dict[str, Tensor]) -> None:
-        """Fold p99 |x| of watched buffers into their threshold slots (after their check)."""
-        for name, x in values.items():
-            i = _WATCHED.index(name)
-            obs = abs_quantile(x, Q).reshape(1).expand(len(_WATCHED))
-            self.state[f"{name}_scale"].copy_(self.watch_ema.update(obs, self._watch_masks[i])[i])
+        """Fold p99 |x| of watched buffers into their threshold slots (after their check):
+        one quantile launch and one estimator update for all of them."""
+        names = [n for n in _WATCHED if n in values]
+        q = abs_quantiles([values[n].reshape(-1) for n in names], Q)
+        parts = iter(q.unbind())
+        zero = q.new_zeros(())
+        obs = torch.stack([next(parts) if n in values else zero for n in _WATCHED])
+        key = tuple(names)
+        if key not in self._watch_masks:  # built once per set of names (a host-to-device copy)
+            self._watch_masks[key] = torch.tensor(
+                [n in values for n in _WATCHED], device=self.device
+            )
+        est = self.watch_ema.update(obs, self._watch_masks[key])
+        for n in names:
+            self.state[f"{n}_scale"].copy_(est[_WATCHED.index(n)])
 
     # --- the C51 support: the one helper that reads its slot ------------------------------------
     def support_fn(self) -> tuple[Tensor, Tensor]:
@@ -261,8 +271,8 @@ class Stability(StepGuard):
         if "logits" in info:
             self._latest["logits"] = info["logits"]
         self._check("forward")
-        self._watch({k: self._latest[k] for k in ("obs", "logits") if k in self._latest})
-        self._watch({"loss": self._loss})
+        watched = {k: self._latest[k] for k in ("obs", "logits") if k in self._latest}
+        self._watch({**watched, "loss": self._loss})
         if self.mode == "adaptive":
             self._observe_engagement()
 
@@ -362,7 +372,12 @@ class _TrunkGuard(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: Tensor, stab: Stability) -> Tensor:
         y = h.detach().clone()
-        bound = stab._produce(1, "trunk_bound", y)
+        # The bound is produced from the training forward (the one that will be
+        # back-propagated); acting and next-state forwards read it as it stands.
+        if h.requires_grad:
+            bound = stab._produce(1, "trunk_bound", y)
+        else:
+            bound = stab.state.read("trunk_bound", floor=SUPPORT_FLOOR)
         stab._consume(1, "trunk", y, bound)
         ctx.save_for_backward(y == h)
         ctx.stab = stab
