@@ -132,6 +132,9 @@ class Stability(StepGuard):
         def above(slot: str) -> Rule:
             return Rule.above(self.state[slot], factor=EXCURSION_FACTOR, name=slot)
 
+        def above_sq(slot: str) -> Rule:  # a squared quantity (Adam's v): the factor squared
+            return Rule.above(self.state[slot], factor=EXCURSION_FACTOR**2, name=slot)
+
         s.add("obs", lambda: self._latest.get("obs"), above("obs_scale"), phase="forward")
         s.add("logits", lambda: self._latest.get("logits"), above("logits_scale"), phase="forward")
         s.add("atom_span", lambda: self._latest.get("atom_span"), phase="forward")
@@ -150,10 +153,11 @@ class Stability(StepGuard):
             s.add(f"grad.{name}", source, above("grad_clip_bound"), phase="backward")
         for name, p in agent.online.named_parameters():
             s.add(f"weight.{name}", p, above("adam_weight_bound"), phase="optimizer")
-            for moment, key, slot in (("adam_m", "exp_avg", "adam_p99_m"),
-                                      ("adam_v", "exp_avg_sq", "adam_p99_v")):  # fmt: skip
+            moments = (("adam_m", "exp_avg", above("adam_p99_m")),
+                       ("adam_v", "exp_avg_sq", above_sq("adam_p99_v")))  # fmt: skip
+            for moment, key, rule in moments:
                 source = lambda p=p, k=key: opt.state.get(p, {}).get(k)  # noqa: E731
-                s.add(f"{moment}.{name}", source, above(slot), phase="optimizer")
+                s.add(f"{moment}.{name}", source, rule, phase="optimizer")
         register(self, "reset_counters", name="stability", what="restart fault-injection counters")
 
     # --- checks, with the fault-injection test hook ---------------------------------------------
