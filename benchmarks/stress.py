@@ -1,0 +1,119 @@
+"""Stress proof: seeds x {adaptive, fixed, off} x {default market, stress market}.
+
+    python benchmarks/stress.py [--seeds 5] [--steps 400] [--device cpu] [--quick] [--out PATH]
+
+Each cell is a full walk-forward run (``on_nonfinite = "halt"``). The stress market is the
+embedded market's stress preset: a crash segment late in the data (volatility x20 and a mean
+daily return -100x the calm regime's) that lands in the last folds. Per cell: folds completed
+with every watched tensor finite, the first-fire slot of a halted run, the out-of-sample
+Sharpe per fold, and the time per gradient step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trimtab.benchmarking import provenance
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.configio import from_dict
+from trimtab.rl.train import TrainingHalted, train
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "stress.json"
+MODES = ("adaptive", "fixed", "off")
+
+
+def cell(seed: int, mode: str, stress: bool, steps: int, device: str, quick: bool) -> dict:
+    base: dict[str, Any] = {
+        "run": {"seed": seed, "stability": mode, "device": device, "progress": False,
+                "checkpoint_every": 10**9, "log_every": 50},
+        "data": {"stress": stress},
+        "walkforward": {"steps_per_fold": steps, "learning_starts": min(200, steps)},
+    }  # fmt: skip
+    if quick:
+        base["data"]["synthetic_days"] = 400
+        base["walkforward"].update(folds=2, learning_starts=4)
+        base["agent"] = {"hidden": 16, "batch_size": 16, "n_tau": 2, "n_tau_target": 2}
+    with tempfile.TemporaryDirectory() as tmp:
+        base["run"]["out"] = str(Path(tmp) / "run")
+        cfg = from_dict(TrainConfig, base)
+        halted = None
+        try:
+            summary = train(cfg)
+        except TrainingHalted as e:
+            halted = str(e)
+            summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+        fired = json.loads((Path(tmp) / "run" / "sentinel.json").read_text())["fired"]
+    folds = summary["folds"]
+    steps_done = sum(f["steps"] for f in folds) or 1
+    return {
+        "seed": seed,
+        "stability": mode,
+        "market": "stress" if stress else "default",
+        "folds_total": cfg.walkforward.folds,
+        "folds_finite": sum(1 for f in folds if f["nonfinite"] == 0),
+        "halted": halted,
+        "first_fire": fired[0]["name"] if fired else None,
+        "sharpe": [round(f["sharpe"], 3) for f in folds],
+        "buy_hold_sharpe": [round(f["buy_hold_sharpe"], 3) for f in folds],
+        "ms_per_step": 1e3 * summary["seconds"] / steps_done,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    out = [
+        "| market | stability | runs with every fold finite | first-fire slots | mean OOS Sharpe "
+        "| mean B&H Sharpe | ms/step |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for market in ("default", "stress"):
+        for mode in MODES:
+            cells = [r for r in rows if r["market"] == market and r["stability"] == mode]
+            if not cells:
+                continue
+            ok = sum(r["folds_finite"] == r["folds_total"] and not r["halted"] for r in cells)
+            fires = sorted({r["first_fire"] for r in cells if r["first_fire"]}) or ["-"]
+            sharpe = statistics.mean(s for r in cells for s in r["sharpe"]) if cells else 0
+            bh = statistics.mean(s for r in cells for s in r["buy_hold_sharpe"]) if cells else 0
+            ms = statistics.median(r["ms_per_step"] for r in cells)
+            out.append(f"| {market} | {mode} | {ok}/{len(cells)} | {', '.join(fires)} | "
+                       f"{sharpe:+.2f} | {bh:+.2f} | {ms:.1f} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=400, help="gradient steps per fold")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="1 seed, a tiny market and net")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    seeds = 1 if args.quick else args.seeds
+    steps = 10 if args.quick else args.steps
+    rows = []
+    for stress in (False, True):
+        for mode in MODES:
+            for seed in range(seeds):
+                rows.append(cell(seed, mode, stress, steps, args.device, args.quick))
+                r = rows[-1]
+                print(f"{r['market']:8s} {mode:9s} seed {seed}: finite folds "
+                      f"{r['folds_finite']}/{r['folds_total']} first fire {r['first_fire']} "
+                      f"Sharpe {r['sharpe']}", flush=True)  # fmt: skip
+    print()
+    print(table(rows))
+    result = {"benchmark": "stress", **provenance(args.device), "seeds": seeds,
+              "steps_per_fold": steps, "quick": args.quick, "rows": rows}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
