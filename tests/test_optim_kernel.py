@@ -37,8 +37,9 @@ def _state(device, seed=0, nonfinite=False, shapes=SHAPES):
 class Workspace:
     """One group's kernel workspaces, as the optimizer holds them."""
 
-    def __init__(self, device):
-        self.sums = torch.zeros(kern.NUM_SUMS, device=device)
+    def __init__(self, device, replicas=kern.REPLICAS):
+        shape = (1, replicas, kern.PART_WIDTH)
+        self.parts = torch.zeros(shape, dtype=torch.int32, device=device)
         self.ints = torch.zeros(1, kern.INT_WIDTH, dtype=torch.int32, device=device)
         self.sel = torch.full((1, 3), -1, dtype=torch.int32, device=device)
         self.phase = torch.zeros(1, dtype=torch.int32, device=device)
@@ -49,9 +50,13 @@ class Workspace:
         self.sel.copy_(nxt)
         return value[0]
 
+    def stats(self):
+        """The scalar partials reduced over the replicas, in the reference row's order."""
+        return kern.parts_reference(self.parts)[0]
+
     def clear(self):
         self.ints.zero_()
-        self.sums.zero_()
+        self.parts.zero_()
         self.phase.add_(1)
 
 
@@ -62,16 +67,16 @@ def _kernel_step(ws, gs, ms, vs, steps, wk, *, features, lr, stride=1):
     kern.adam_group_step_triton(
         kern.group_tables(ws, gs, ms, vs, steps),
         torch.tensor([int(f) for f in l1_flags], dtype=torch.int32, device=device),
-        (coef[0], coef[1], coef[2]), wk.sums, wk.ints[0], wk.sel[0], wk.phase,
+        (coef[0], coef[1], coef[2]), wk.parts[0], wk.ints[0], wk.sel[0], wk.phase,
         lr=lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=None if features else 0.01,
         stats=True, l1=features, clamp=features, stride=stride,
         floor=topt.WEIGHT_BOUND_FLOOR,
     )  # fmt: skip
 
 
-def _run(device, impl, *, features, wk=None, seed=0, nonfinite=False, lr=1e-2):
-    ws, gs, ms, vs = _state(device, seed, nonfinite)
-    steps = [torch.tensor(4.0, device=device) for _ in SHAPES]
+def _run(device, impl, *, features, wk=None, seed=0, nonfinite=False, lr=1e-2, shapes=SHAPES):
+    ws, gs, ms, vs = _state(device, seed, nonfinite, shapes)
+    steps = [torch.tensor(4.0, device=device) for _ in shapes]
     if impl == "torch":
         coef = torch.tensor([0.3, 0.2, 1.5] if features else [0.01, 0.0, math.inf], device=device)
         row = ref.adam_group_step_reference(
@@ -86,25 +91,45 @@ def _run(device, impl, *, features, wk=None, seed=0, nonfinite=False, lr=1e-2):
     return ws, ms, vs, wk
 
 
+def _check_stats(wk, row, features):
+    stats = wk.stats()
+    # Sums: the reference skips nothing either, so a NaN gradient makes both non-finite.
+    torch.testing.assert_close(
+        stats[: kern.NUM_SUMS], row[: kern.NUM_SUMS], rtol=1e-4, atol=1e-4, equal_nan=True
+    )
+    assert stats[ref.COUNT].item() == row[ref.COUNT].item()
+    assert stats[ref.ENGAGED].item() == row[ref.ENGAGED].item()
+    if features:
+        assert row[ref.ENGAGED].item() > 0 and row[ref.SUM_L1_W].item() > 0
+    assert stats[ref.MAX_W].item() == row[ref.MAX_W].item()
+
+
 @pytest.mark.parametrize("features", [False, True])
 def test_kernel_step_matches_reference(kernel_device, features):
     ws, ms, vs, row = _run(kernel_device, "torch", features=features, nonfinite=features)
     kw, km, kv, wk = _run(kernel_device, "triton", features=features, nonfinite=features)
     for a, b in zip(ws + ms + vs, kw + km + kv):
         torch.testing.assert_close(b, a, rtol=2e-5, atol=1e-6, equal_nan=True)
-    # Sums: the reference skips nothing either, so a NaN gradient makes both non-finite.
-    torch.testing.assert_close(wk.sums, row[: kern.NUM_SUMS], rtol=1e-4, atol=1e-4, equal_nan=True)
-    ints = wk.ints[0]
-    assert ints[kern.INT_FINITE].item() == row[ref.COUNT].item()
-    if features:
-        assert ints[kern.INT_ENGAGED].item() == row[ref.ENGAGED].item() > 0
-        assert row[ref.SUM_L1_W].item() > 0
-    max_w = ints[kern.INT_MAXBITS : kern.INT_MAXBITS + 1].view(torch.float32)
-    assert max_w.item() == row[ref.MAX_W].item()
+    _check_stats(wk, row, features)
     # First step: no window yet, so the octave's lower edge (never above, at least half).
     q = wk.quantiles()
     exact = row[ref.Q_W : ref.Q_V + 1]
     assert (q <= exact).all() and (q >= 0.5 * exact).all()
+
+
+@pytest.mark.parametrize("replicas", [1, 4])
+@pytest.mark.parametrize("features", [False, True])
+def test_replicated_partials_reduce_to_the_reference(kernel_device, features, replicas):
+    """More programs (11) than replicas: programs share rows, and the rows sum to the exact
+    statistics (counts and max exactly, sums up to float32 rounding)."""
+    shapes = [(5 * kern.BLOCK + 3,), (3, kern.BLOCK), (kern.BLOCK + 1,), (37,)]  # 6 + 3 + 2 + 1
+    wk = Workspace(kernel_device, replicas)
+    kw = dict(features=features, nonfinite=False, lr=1e-2, shapes=shapes)
+    *_, row = _run(kernel_device, "torch", **kw)
+    *_, wk = _run(kernel_device, "triton", wk=wk, **kw)
+    _check_stats(wk, row, features)
+    rows = wk.parts[0, :, kern.PART_FINITE]
+    assert rows.gt(0).all() and rows.sum().item() == sum(math.prod(s) for s in shapes)
 
 
 def test_window_refines_the_quantile_to_one_part_in_256(kernel_device):
@@ -134,7 +159,7 @@ def test_a_quantile_that_leaves_the_window_falls_back_to_its_octave(kernel_devic
     _kernel_step(ws, gs, ms, vs, steps, wk, features=False, lr=1e-6)
     in_window = wk.ints[0, kern.WINDOW_OFFSET : kern.WINDOW_OFFSET + kern.BINS].sum().item()
     below = wk.ints[0, kern.INT_UNDER].item()
-    assert below + in_window < 0.99 * wk.ints[0, kern.INT_FINITE].item()
+    assert below + in_window < 0.99 * wk.stats()[ref.COUNT].item()
     q = wk.quantiles()
     exact = ref.abs_quantile(torch.cat([w.reshape(-1) for w in ws]), 0.99, impl="torch")
     assert q[0] <= exact and q[0] >= 0.5 * exact
@@ -145,7 +170,7 @@ def test_sampling_covers_every_block_once_per_stride_steps(kernel_device):
     stride = 4
     shapes = [(5 * kern.BLOCK + 3,), (kern.BLOCK,), (17,)]  # 6 + 1 + 1 programs
     numel = sum(math.prod(s) for s in shapes)
-    wk = Workspace(kernel_device)
+    wk = Workspace(kernel_device, replicas=2)  # 8 programs on 2 rows of partials
     seen = []
     for _ in range(stride):
         ws, gs, ms, vs = _state(kernel_device, 1, shapes=shapes)
@@ -153,7 +178,7 @@ def test_sampling_covers_every_block_once_per_stride_steps(kernel_device):
         _kernel_step(ws, gs, ms, vs, steps, wk, features=False, lr=1e-3, stride=stride)
         hist = wk.ints[0, kern.HIST_OFFSET : kern.HIST_OFFSET + kern.BINS]
         seen.append(hist.sum().item())
-        assert wk.ints[0, kern.INT_FINITE].item() == numel  # the sums see everything
+        assert wk.stats()[ref.COUNT].item() == numel  # the sums see everything
         wk.clear()
     blocks = [kern.BLOCK] * 5 + [3, kern.BLOCK, 17]
     expect = [sum(n for p, n in enumerate(blocks) if (p + t) % stride == 0) for t in range(4)]
@@ -205,9 +230,12 @@ def _groups(ps):
     ]
 
 
-def test_finalize_kernel_matches_the_torch_finalize(kernel_device):
+@pytest.mark.parametrize("replicas", [kern.REPLICAS, 1])
+def test_finalize_kernel_matches_the_torch_finalize(kernel_device, monkeypatch, replicas):
     """Same update kernel, same workspaces: the one-launch finalize and the torch finalize
-    (window quantiles, engagement correction, AdaptiveEMA, slots) agree over many steps."""
+    (replica reduction, window quantiles, engagement correction, AdaptiveEMA, slots) agree
+    over many steps; with one replica a group's programs share it."""
+    monkeypatch.setattr(kern, "REPLICAS", replicas)
     torch.manual_seed(0)
     shapes = [(9, 5), (300,), (7,), (4,)]
     ps = [torch.randn(s, device=kernel_device, requires_grad=True) for s in shapes]
@@ -234,7 +262,8 @@ def test_finalize_kernel_matches_the_torch_finalize(kernel_device):
         torch.testing.assert_close(ea[key], eb[key], rtol=1e-5, atol=1e-6, equal_nan=True)
     assert a.engagement.engaged_total.sum() > 0
     assert torch.equal(a._sel, b._sel) and torch.equal(a._phase, b._phase)
-    assert a._ints.eq(0).all() and a._sums.eq(0).all()
+    assert a._parts.shape[1] == replicas
+    assert a._ints.eq(0).all() and a._parts.eq(0).all()
     slots = a.state_vector.as_dict()
     assert all(math.isfinite(v) for v in slots["adam_weight_bound"][:2])
     assert math.isnan(slots["adam_weight_bound"][2]) and math.isfinite(slots["adam_l1"][0])

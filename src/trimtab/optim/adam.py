@@ -413,7 +413,10 @@ class Adam(torch.optim.Optimizer):
         from trimtab.kernels import optim as kern
 
         dev = self.device
-        self._sums = torch.zeros(num_groups, kern.NUM_SUMS, device=dev)
+        # Scalar partials, REPLICAS rows per group (see kernels/optim.py): no atomic contention.
+        self._parts = torch.zeros(
+            num_groups, kern.REPLICAS, kern.PART_WIDTH, dtype=torch.int32, device=dev
+        )
         self._ints = torch.zeros(num_groups, kern.INT_WIDTH, dtype=torch.int32, device=dev)
         self._sel = torch.full((num_groups, 3), -1, dtype=torch.int32, device=dev)
         self._phase = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -503,7 +506,7 @@ class Adam(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             kern.adam_group_step_triton(
                 tables, l1_flags, self._slot_views[gi],
-                self._sums[gi], self._ints[gi], self._sel[gi], self._phase,
+                self._parts[gi], self._ints[gi], self._sel[gi], self._phase,
                 lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"],
                 weight_decay=None if wd == "auto" else float(wd),
                 stats=stats, l1=group["l1"], clamp=group["weight_clamp"], stride=stride,
@@ -525,7 +528,7 @@ class Adam(torch.optim.Optimizer):
             for i, g in enumerate(groups)
         ]
         kern.finalize_triton(
-            self._finalize_table, self._ints, self._sums, self._sel, self._deficit,
+            self._finalize_table, self._ints, self._parts, self._sel, self._deficit,
             self._lr_vector(), self._const("flags", flags, torch.int32), self._slot_offsets,
             self._kconsts, self._steps_table(tuple(plans), all_steps), self._phase,
             stats=any(observed), num_candidates=self._ema._q_level.numel(),
@@ -549,23 +552,12 @@ class Adam(torch.optim.Optimizer):
 
         if any(observed):
             q, nxt = kern.window_quantiles_reference(self._ints, self._sel, self.quantile)
-            ints = self._ints
-            s = torch.cat(
-                [
-                    self._sums,
-                    ints[:, kern.INT_FINITE : kern.INT_FINITE + 1].float(),
-                    ints[:, kern.INT_ENGAGED : kern.INT_ENGAGED + 1].float(),
-                    ints[:, kern.INT_MAXBITS : kern.INT_MAXBITS + 1].view(torch.float32),
-                    q,
-                    self._deficit[:, None],
-                ],
-                dim=1,
-            )
+            s = torch.cat([kern.parts_reference(self._parts), q, self._deficit[:, None]], dim=1)
             l1_coef = torch.fmax(self._slot("l1"), torch.zeros((), device=self.device))
             self._fold(s, observed, l1_coef)
             self._sel.copy_(nxt)
         self._ints.zero_()
-        self._sums.zero_()
+        self._parts.zero_()
         self._deficit.fill_(math.nan)
         torch._foreach_add_(steps, 1.0)
         self._phase.add_(1).remainder_(kern.PHASE_PERIOD)
@@ -590,7 +582,7 @@ class Adam(torch.optim.Optimizer):
         self._sel.fill_(-1)
         self._phase.zero_()
         self._ints.zero_()
-        self._sums.zero_()
+        self._parts.zero_()
         self._deficit.fill_(math.nan)
         self._group_cache.clear()
 
