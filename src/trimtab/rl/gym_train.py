@@ -79,6 +79,7 @@ def train_gym(cfg: TrainConfig) -> dict[str, Any]:
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
     env_id = cfg.env.name.removeprefix("gym:")
     device = resolve_device(cfg.run.device)
+    torch.set_num_threads(cfg.run.threads)
     g = cfg.gym
     envs = gym.vector.SyncVectorEnv(
         [lambda: _make_env(env_id) for _ in range(g.n_envs)],

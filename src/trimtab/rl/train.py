@@ -140,6 +140,7 @@ def train(
     if not cfg.run.out:
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
     device = resolve_device(cfg.run.device)
+    torch.set_num_threads(cfg.run.threads)
     market = load_market(cfg)  # a DataError here leaves no run directory behind
     folds = make_folds(market.n_days, cfg)
     run_dir = prepare_run_dir(cfg, resume)
@@ -289,7 +290,7 @@ def _train_fold(
                     bar.set_postfix(
                         loss=f"{row['loss/total']:.3g}",
                         ret=f"{row['episode_return']:.3f}",
-                        bound=f"{row.get('bound/support_mean', float('nan')):.3g}",
+                        bound=f"{row['bound/support']:.3g}",
                     )
                 halted = stab.halt_message()  # syncs here only, with the logging
                 if halted:
