@@ -2,7 +2,10 @@
 
 Prints a markdown table (ms, GB/s over one read of the input, relative error against the exact
 order statistic) and writes JSON. ``--quick`` runs tiny sizes on the CPU (interpreter) so a test
-keeps this script working; ``--sweep`` also times the kernel's tunables on the GPU.
+keeps this script working; ``--sweep`` also times the kernel's tunables on the GPU (``SWEEP``:
+bracket block and warps, sample stride/run/rows, bracket width Z, buffer capacity and pools,
+radix blocks, fused or separate selects, and the forced fallback), with the path each tensor
+took.
 """
 
 from __future__ import annotations
@@ -165,27 +168,55 @@ def run(quick: bool, sweep: bool) -> dict:
     return result
 
 
+# One tunable (or a coupled pair) changed at a time from the defaults, so that one GPU call
+# tells which settings matter; "fallback" rows send every tensor to the radix select over the
+# whole tensor (a huge DIRECT_MAX), the fallback's passes, to time them and their tunables.
+SWEEP: list[tuple[str, dict]] = [
+    ("defaults", {}),
+    *[(f"bracket {b}/{w}", {"BRACKET_BLOCK": b, "BRACKET_WARPS": w})
+      for b, w in ((1024, 4), (2048, 4), (4096, 8), (4096, 16), (8192, 16))],
+    ("bracket vector loads", {"BRACKET_VECTOR": True}),
+    *[(f"sample stride {s}", {"SAMPLE_STRIDE": s}) for s in (16, 32, 128, 256)],
+    *[(f"sample run {r}", {"SAMPLE_RUN": r}) for r in (8, 32)],
+    *[(f"sample rows {r}", {"SAMPLE_ROWS": r}) for r in (64, 128, 512)],
+    ("sample warps 4", {"SAMPLE_WARPS": 4}),
+    *[(f"z {z}", {"Z": z}) for z in (4.0, 6.0)],
+    *[(f"cap mult {c}", {"CAP_MULT": c}) for c in (2.0, 8.0)],
+    *[(f"pools {p}", {"POOLS": p}) for p in (8, 64, 128)],
+    *[(f"buf block {b}", {"BUF_BLOCK": b}) for b in (256, 512, 2048)],
+    *[(f"programs/SM {p}", {"PROGRAMS_PER_SM": p}) for p in (2, 8)],
+    ("direct max 8K", {"DIRECT_MAX": 1 << 13}),
+    ("direct max 128K", {"DIRECT_MAX": 1 << 17}),
+    ("unfused selects", {"FUSED": False}),
+    ("fallback", {"DIRECT_MAX": 1 << 40}),
+    *[(f"fallback radix {b}/{w}", {"DIRECT_MAX": 1 << 40, "BLOCK": b, "NUM_WARPS": w})
+      for b, w in ((4096, 8), (4096, 16), (16384, 16))],
+]  # fmt: skip
+
+
 def _sweep(cases, device, reps) -> list[dict]:
-    """Kernel tunables (module constants read at each launch) against the large cases."""
+    """Kernel tunables (module constants read at each call) against the large cases: graphed
+    time, and how many tensors took each path (direct, buffer, answered, miss, overflow)."""
+    import collections
+
     import trimtab
     import trimtab.kernels.quantile as kq
 
-    names = ("BLOCK", "NUM_WARPS", "PROGRAMS_PER_SM", "SPARSE_MAX", "MAX_BLOCKS_PER_PROGRAM")
+    names = {k for _, config in SWEEP for k in config}
     saved = {k: getattr(kq, k) for k in names}
-    configs = [(b, w, p, 0) for b, w in ((4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16))
-               for p in (2, 4, 8, 16)]  # fmt: skip
-    configs += [(8192, 16, 4, 256), (8192, 16, 8, 256)]  # the sparse global-atomic path on
     out = []
     try:
-        for block, warps, per_sm, sparse in configs:
-            kq.BLOCK, kq.NUM_WARPS, kq.PROGRAMS_PER_SM, kq.SPARSE_MAX = block, warps, per_sm, sparse
-            kq.MAX_BLOCKS_PER_PROGRAM = max(1, (1 << 18) // block)
+        for label, config in SWEEP:
+            for k, v in {**saved, **config}.items():
+                setattr(kq, k, v)
             for name, xs in cases[2:]:
                 fn = _graphed(lambda xs=xs: trimtab.abs_quantiles(xs, Q))
                 ms = _time_ms(fn, device, reps)
-                config = {"block": block, "num_warps": warps, "programs_per_sm": per_sm}
-                out.append({"case": name, **config, "sparse_max": sparse, "graph_ms": ms})
-                print(f"sweep {name:>24} {config} sparse {sparse:3d}: {ms:.4f} ms (graph)")
+                flat = [x.reshape(-1) for x in xs]
+                paths = dict(collections.Counter(kq.paths(kq.run(flat, Q)[1])))
+                out.append({"case": name, "config": label, **config, "graph_ms": ms,
+                            "paths": paths})  # fmt: skip
+                print(f"sweep {name:>24} {label:>24}: {ms:.4f} ms (graph) {paths}")
     finally:
         for k, v in saved.items():
             setattr(kq, k, v)

@@ -1,4 +1,6 @@
-"""abs_quantile(s): kernel, reference and an exact float64 sort agree on awkward inputs."""
+"""abs_quantile(s): kernel, reference and an exact float64 sort agree on awkward inputs, on
+every path of the kernel (direct radix select, sampled bracket and buffer, ties answered by the
+bracket, fallback after a missed bracket or an overflowing buffer)."""
 
 from __future__ import annotations
 
@@ -15,18 +17,34 @@ FEW_SIZES = (1, 2, 33, 1000, 4097)  # every family; all of SIZES for "normal" (i
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 QS = (0.5, 0.99, 1.0)  # every family; also 0.9 and 1e-3 for "normal"
 REL_2_15 = 2.0**-15
+# Tunables scaled down so that tensors of tens of elements are sampled, bracketed, compacted
+# into several pools and read by many programs with full and tail blocks, on every path.
+SMALL_PLAN = {
+    "DIRECT_MAX": 40,
+    "SAMPLE_STRIDE": 4,
+    "SAMPLE_RUN": 4,
+    "SAMPLE_ROWS": 16,
+    "BRACKET_BLOCK": 128,
+    "BLOCK": 256,
+    "BUF_BLOCK": 64,
+    "CAP_MULT": 2.0,
+    "POOLS": 4,
+    "BLOCKS_PER_POOL": 2,
+    "MAX_BLOCKS_PER_PROGRAM": 4,
+    "CAP_ADD": 16,
+}
 
 
 @pytest.fixture
-def small_blocks(monkeypatch):
-    """Blocks of 256 and chunks of at most 4 blocks, so small tensors exercise many programs,
-    full and tail blocks, and all three per-block paths (uniform, sparse, histogram). Used by a
-    few tests only: the interpreter runs about 3x slower with it."""
-    kq = pytest.importorskip("trimtab.kernels.quantile")
-    if not torch.cuda.is_available():
-        monkeypatch.setattr(kq, "BLOCK", 256)
-        monkeypatch.setattr(kq, "SPARSE_MAX", 8)
-        monkeypatch.setattr(kq, "MAX_BLOCKS_PER_PROGRAM", 4)
+def kq():
+    return pytest.importorskip("trimtab.kernels.quantile")
+
+
+@pytest.fixture
+def small_plan(kq, monkeypatch):
+    for name, value in SMALL_PLAN.items():
+        monkeypatch.setattr(kq, name, value)
+    return kq
 
 
 def _family(name: str, n: int, g: torch.Generator) -> torch.Tensor:
@@ -53,6 +71,7 @@ def _family(name: str, n: int, g: torch.Generator) -> torch.Tensor:
     raise ValueError(name)
 
 
+SAMPLED_FAMILIES = ("normal", "cauchy", "outliers", "relu")
 FAMILIES = (
     "normal",
     "uniform",
@@ -103,8 +122,8 @@ def _exact(x: torch.Tensor, q: float) -> tuple[float, int]:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_kernel_and_reference_match_exact_sort(family, dtype, kernel_device, request):
-    if family in ("normal", "relu"):
-        request.getfixturevalue("small_blocks")
+    if family in SAMPLED_FAMILIES:  # the others take the direct path (interpreter time)
+        request.getfixturevalue("small_plan")
     sprinkle = family not in ("equal", "zeros")
     xs = _inputs(family, dtype, kernel_device, sprinkle, seed=FAMILIES.index(family))
     for q in (*QS, 0.9, 1e-3) if family == "normal" else QS:
@@ -114,14 +133,88 @@ def test_kernel_and_reference_match_exact_sort(family, dtype, kernel_device, req
         assert got.value.dtype == torch.float32 and got.value.device == xs[0].device
         assert got.nonfinite.tolist() == [c for _, c in want] == ref[1].tolist()
         assert ref[0].tolist() == [v for v, _ in want], (family, q)
-        if dtype != torch.float32:  # two passes resolve every bit of fp16/bf16
-            assert got.value.tolist() == [v for v, _ in want], (family, q)
-            continue
-        for (v, _), g in zip(want, got.value.tolist()):
-            assert v * (1 - REL_2_15) <= g <= v, (family, q, v, g)
-        if q == 0.99:
-            exact = trimtab.abs_quantiles(xs, q, impl="triton", exact=True)
-            assert exact.tolist() == [v for v, _ in want], (family, q)
+        assert got.value.tolist() == [v for v, _ in want], (family, q)  # exact, every dtype
+
+
+def _sampled(kq, n: int) -> torch.Tensor:
+    """Which elements the sample reads (the kernel's stratified hash, replayed)."""
+    stride, run = kq.SAMPLE_STRIDE, kq.SAMPLE_RUN
+    mask = torch.zeros(n, dtype=torch.bool)
+    for s in range(-(-n // (stride * run))):
+        first = (s * stride + (((s * 2654435761) >> 16) & (stride - 1))) * run
+        mask[first : first + run] = True
+    return mask
+
+
+def _paths(kq, xs, q):
+    """Values and the path each tensor took, from the kernel's workspace."""
+    values, ws = kq.run(xs, q)
+    return values.tolist(), kq.paths(ws)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_path_is_exact(small_plan, dtype, kernel_device, monkeypatch):
+    """Force each path: a sample that misses the rest of the data (miss), a buffer too small
+    (overflow), a tie filling the bracket (answered, even when it overflows)."""
+    kq = small_plan
+    g = torch.Generator().manual_seed(11)
+    xs = [torch.randn(n, generator=g).to(dtype).to(kernel_device) for n in (33, 700, 2049)]
+    tie = torch.full((1500,), 1.5)
+    tie[:150] = torch.rand(150, generator=g)
+    tie[-150:] = 2 + torch.rand(150, generator=g)
+    xs.append(tie[torch.randperm(1500, generator=g)].to(dtype).to(kernel_device))
+    xs.append(torch.full((300,), math.nan).to(dtype).to(kernel_device))  # no finite element
+    for q, tie_path in ((0.5, "answered"), (0.99, "buffer")):  # rank 0.5 is in the tie
+        want = [_exact(x, q)[0] for x in xs]
+        values, paths = _paths(kq, xs, q)
+        assert values == want, q
+        assert paths == ["direct", "buffer", "buffer", tie_path, "answered"], (q, paths)
+        # Adversarial: the sampled runs hold huge values, the rest normal ones.
+        hidden = [x.clone() for x in xs]
+        for x in hidden[1:3]:
+            x[_sampled(kq, x.numel())] *= 1e3
+        values, paths = _paths(kq, hidden, q)
+        assert values == [_exact(x, q)[0] for x in hidden], q
+        if q == 0.5:  # (the 0.99 bracket is open upwards at these sample sizes: no miss)
+            assert paths[1:3] == ["miss", "miss"], (q, paths)
+        with monkeypatch.context() as m:
+            m.setattr(kq, "CAP_MULT", 0.0)
+            m.setattr(kq, "CAP_ADD", 1)
+            m.setattr(kq, "BUF_BLOCK", 16)
+            values, paths = _paths(kq, xs, q)
+            assert values == want, q
+            if q == 0.5:  # (at 0.99 fewer elements are in the bracket than a pool holds)
+                assert paths[1:] == ["overflow", "overflow", "answered", "answered"], paths
+
+
+def test_unfused_selects_match(small_plan, kernel_device, monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(n, generator=g).to(kernel_device) for n in (0, 20, 500, 3000)]
+    xs[2][::7] = math.inf
+    want = [_exact(x, 0.99)[0] for x in xs]
+    monkeypatch.setattr(small_plan, "FUSED", False)
+    got = trimtab.abs_quantiles(xs, 0.99, impl="triton", return_nonfinite=True)
+    assert got.value.tolist() == want
+    assert got.nonfinite.tolist() == [0, 0, 72, 0]
+
+
+@pytest.mark.parametrize("layout", ["sorted", "clustered", "periodic"])
+def test_structured_data_spreads_over_pools(small_plan, layout, kernel_device):
+    """The sample hashes its runs and the buffer its pools: sorted data, a hot region, and
+    values that repeat with the period of a block still take the buffer path."""
+    g = torch.Generator().manual_seed(2)
+    n = 4096
+    x = torch.randn(n, generator=g)
+    if layout == "sorted":
+        x = x.abs().sort().values
+    elif layout == "clustered":
+        x[1000:1100] *= 100
+    else:
+        x = x.reshape(-1, 64) * torch.linspace(0.1, 10, 64)
+    x = x.reshape(-1).to(kernel_device)
+    for q in (0.5, 0.99):
+        values, paths = _paths(small_plan, [x], q)
+        assert values == [_exact(x, q)[0]] and paths == ["buffer"], (q, paths)
 
 
 def test_subnormal_answers_are_exact_without_exact_flag(kernel_device):
@@ -143,7 +236,7 @@ def test_single_tensor_api(kernel_device):
         assert r.value.item() == pytest.approx(_exact(x, 0.9)[0], rel=REL_2_15)
 
 
-def test_many_tensors_with_an_empty_one_and_mixed_shapes(kernel_device, small_blocks):
+def test_many_tensors_with_an_empty_one_and_mixed_shapes(kernel_device, small_plan):
     g = torch.Generator().manual_seed(7)
     xs = [torch.randn(s, generator=g).to(kernel_device) for s in ((5, 7), (0,), (300,), (1,))]
     xs.append(torch.randn(20, 30, generator=g).to(kernel_device).t())  # non-contiguous
@@ -205,11 +298,32 @@ def test_gpu_large_matches_kthvalue(n):
     finite = a[torch.isfinite(a)]
     for q in (0.5, 0.99, 1.0):
         want = finite.kthvalue(max(1, math.ceil(q * finite.numel()))).values
-        got = trimtab.abs_quantile(x, q, exact=True, return_nonfinite=True)
+        got = trimtab.abs_quantile(x, q, return_nonfinite=True)
         assert got.value.item() == want.item()
         assert got.nonfinite.item() == n - finite.numel()
-        approx = trimtab.abs_quantile(x, q).item()
-        assert want.item() * (1 - REL_2_15) <= approx <= want.item()
+
+
+@pytest.mark.gpu
+def test_gpu_paths_on_large_tensors(kq, monkeypatch):
+    """Default settings take the buffer path on large tensors; the radix select over whole
+    tensors (the fallback's passes, forced by a large DIRECT_MAX) and the unfused selects give
+    the same exact values."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    xs = [torch.randn(n, device="cuda", generator=g) for n in (5_000_000, 300_001, 40_000)]
+    xs.append(torch.empty(2_000_000, device="cuda").cauchy_(generator=g))
+    xs.append(torch.full((1_000_000,), 0.5, device="cuda"))
+    for q in (0.5, 0.99, 0.999, 1.0):
+        want = [abs_quantile_reference(x, q)[0].item() for x in xs]
+        values, ws = kq.run(xs, q)
+        assert values.tolist() == want, q
+        assert kq.paths(ws) == ["buffer"] * 4 + ["answered"], (q, kq.paths(ws))
+        with monkeypatch.context() as m:
+            m.setattr(kq, "DIRECT_MAX", 1 << 40)
+            values, ws = kq.run(xs, q)
+            assert values.tolist() == want and kq.paths(ws) == ["direct"] * 5, q
+        with monkeypatch.context() as m:
+            m.setattr(kq, "FUSED", False)
+            assert kq.run(xs, q)[0].tolist() == want, q
 
 
 def _mlp_like(device: str) -> list[torch.Tensor]:

@@ -1,7 +1,8 @@
 """Quantiles of |x| over the finite elements of one tensor or of many at once, on the device.
 
 These are the observations behind every adaptive bound (p99 |target|, |activation|, |grad|);
-the kernel path reads each tensor twice, in one launch per pass for all of them, with no sync.
+the kernel path reads a sample of each tensor and then each tensor once, in one launch per pass
+for all of them, with no sync, and returns the exact order statistic.
 """
 
 from __future__ import annotations
@@ -113,13 +114,13 @@ def abs_quantiles(
     ``AbsQuantile(value, nonfinite)`` with their int64 counts.
 
     ``impl``: ``"torch"`` (the exact reference, :func:`abs_quantile_reference`), ``"triton"``
-    (a radix select on the float's bits, see :mod:`trimtab.kernels.quantile`, one launch per
-    pass for all tensors, no host sync), or ``None`` (Triton for CUDA tensors). The kernel's
-    value is exact for float16 and bfloat16; for float32 it is the exact value with its 8 lowest
-    mantissa bits cleared (never above it, relative error below ``2**-15``) unless ``exact=True``
-    (one more pass over the data) or the value is subnormal (resolved exactly). Float64 tensors
-    always go through the reference. Non-contiguous tensors, and every tensor of a list mixing
-    float16/bfloat16/float32, are copied (to float32 when mixed) before the kernel reads them.
+    (sample, bracket and compact, then a radix select on the float's bits, see
+    :mod:`trimtab.kernels.quantile`: one launch per pass for all tensors, no host sync), or
+    ``None`` (Triton for CUDA tensors). Both return the exact value; ``exact`` is accepted for
+    compatibility and changes nothing (the kernel used to round float32 answers down by up to
+    ``2**-15`` unless asked). Float64 tensors always go through the reference. Non-contiguous
+    tensors, and every tensor of a list mixing float16/bfloat16/float32, are copied (to
+    float32 when mixed) before the kernel reads them.
     """
     tensors = list(tensors)
     _check(tensors, q)

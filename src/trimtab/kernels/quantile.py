@@ -1,259 +1,115 @@
-"""Triton radix-select kernels for the q-quantile of |x| over the finite elements of many tensors.
+"""Triton kernels for the exact q-quantile of |x| over the finite elements of many tensors.
 
-The reference it must match is :func:`trimtab.quantile.abs_quantiles_reference`.
+The reference it must match is :func:`trimtab.quantile.abs_quantiles_reference`; the passes
+themselves live in :mod:`trimtab.kernels.quantile_passes`.
 
-Algorithm (MSB radix select on the float's bits)
-------------------------------------------------
-For a float32 ``x``, ``bits = bitcast<int32>(x) & 0x7FFFFFFF`` is monotone in ``|x|`` (it is the
-order used by IEEE 754 for non-negative floats), and ``bits >= 0x7F800000`` exactly when ``x``
-is ±Inf or NaN. fp16 and bf16 are converted to float32 in registers, which is exact. The
-target is the element of rank ``k = ceil(q * n_finite)`` (1-based) of the sorted finite |x|.
+Algorithm: sample, bracket and compact, then a radix select on what is left
+-----------------------------------------------------------------------------
+For a float32 ``x``, ``bits = bitcast<int32>(x) & 0x7FFFFFFF`` is monotone in ``|x|``, and
+``bits > 0x7F7FFFFF`` exactly when ``x`` is ±Inf or NaN; fp16 and bf16 are converted to float32
+in registers (exact). The target is the element of rank ``k = ceil(q * n)`` (1-based, at least 1)
+of the sorted finite |x|, ``n`` the finite count. Every step is counted on the device; the
+result is exact, always.
 
-* pass 1 reads every element and builds, per tensor, a histogram of ``bits >> 20`` (the 8
-  exponent and top 3 mantissa bits: 2048 bins, bins 2040-2047 are the non-finite ones);
-  ``select`` (one program per tensor) counts the non-finite elements, computes ``k``, and finds
-  the bin holding rank k with a cumulative sum, on the device.
-* pass 2 reads every element again; only those in the chosen bin (a masked histogram skips the
-  others) enter a 4096-bin histogram of ``(bits >> 8) & 4095``; ``select`` again. The answer is
-  now known to 23 of its 31 bits: the result is the lower edge of that sub-bin, so it is never
-  above the exact value and is within a relative ``2**-15`` of it; it *is* the exact value for
-  fp16 and bf16 inputs (their float32 images have at most 10 mantissa bits).
-* pass 3 (256 bins of ``bits & 255``) makes the result exact. Its programs return at once
-  unless the tensor's ``needs_exact`` flag (set on the device by ``select``) is on: when
-  ``exact=True`` was asked, or when the answer is a float32 subnormal, where 8 missing bits
-  would be a large relative error.
+* **Sample** (tensors above ``DIRECT_MAX`` elements). In each stratum of
+  ``SAMPLE_STRIDE * SAMPLE_RUN`` elements, one run of ``SAMPLE_RUN`` contiguous elements at a
+  hashed position (whole DRAM sectors, and periodic data cannot line up with it): ``m ~ n /
+  SAMPLE_STRIDE`` elements. Pass 1 histograms their exponents (256 bins); its select takes the
+  sample ranks ``q m -/+ d``, ``d = Z sqrt(m q (1-q)) + Z^2 / 2``, which bracket the target's
+  rank with a miss probability of about ``2 Phi(-Z)`` (the ``Z^2 / 2`` keeps the bound safe when
+  ``m q (1-q)`` is small, e.g. ``q = 1``: a rank above the sample leaves the bracket open to the
+  largest finite float, one below it open to 0). Pass 2 histograms the sample again, 256 bins
+  over the exponents between those two ranks (1/256 of an octave when they share one), and its
+  select sets the bracket ``[lo, hi]`` to the edges of the bins holding them.
+* **Bracket**: one read of the tensor counts the finite elements below ``lo`` and the
+  non-finite ones (one packed register per element, reduced once per program), keeps the min
+  and max of those in ``[lo, hi]`` and compacts them into the tensor's buffer: each bracket
+  block hashes to one of the tensor's pools, and an element inside takes the next slot of that
+  pool by an atomic that only its warp waits for (no scan, no barrier; pools spread the same-
+  address atomics, and clustered or sorted data over the pools). Its select computes ``n`` and
+  ``k``: when ``below < k <= below + count`` and no pool overflowed, the answer is among the
+  compacted elements, at rank ``k - below`` (when min == max it *is* the min: ties cost
+  nothing more, even when they overflow). Otherwise (an unlucky sample, adversarial data, an
+  overflow) the tensor falls back to the radix select over all its elements: slower, exact.
+* **Radix select**, ``ceil((31 - LOW) / 8)`` passes of 8-bit digits (``LOW`` = 0, 13, 16 bits
+  known to be zero for float32, float16, bfloat16), over ``(bits - min) >> LOW`` of the buffer,
+  or over ``bits >> LOW`` of the whole tensor for those in fallback and for tensors of at most
+  ``DIRECT_MAX`` elements (no sample: they are cheap to read four times). The first digit of a
+  whole tensor is its exponent, whose bin 255 counts the non-finite elements. Each pass's
+  select fixes one digit; programs of finished tensors return at once.
 
-Contention: every program accumulates its histogram over a chunk of up to 256K elements in
-registers (``tl.histogram`` per block of ``BLOCK``) and adds only its non-zero bins to the global
-``[num_tensors, bins]`` int64 histogram at the end, so global atomics number about
-``programs * distinct bins``, not elements. Inside a block, two skews that would serialise the
-histogram's shared-memory atomics are taken out first: exact zeros (ReLU outputs, sparse
-gradients) are counted with a reduction, and a block whose counted elements all fall in one bin
-(constant tensors) adds its count to that bin directly.
+Every pass is one launch for all tensors; each program adds a 256-bin ``tl.histogram`` (whose
+cost grows with the bins, hence 8-bit digits) to its tensor's row with one atomic per non-zero
+bin. The select of a pass runs in the last program of that tensor to arrive (an acq_rel arrival
+counter, ``FUSED``) or, with ``FUSED = False``, in a one-program-per-tensor launch after it.
 
-Bytes moved: ``2 * n * itemsize`` (3x with ``exact=True`` or a subnormal answer) plus
-``8 * (2048 + 4096 + 256) * num_tensors`` of histogram, zeroed once by one memset. Launches:
-memset, pass 1, select, pass 2, select, pass 3, select; nothing is read back to the host, so the
-sequence is sync-free and CUDA-graph capturable once the pointer table is cached.
+Bytes moved, ``n`` elements of ``s`` bytes: the sample reads ``2 n s / SAMPLE_STRIDE`` (whole
+sectors of 32 bytes or more), the bracket pass ``n s`` plus ``4 c`` written for the ``c``
+elements compacted (about ``2 d n / m + 2`` sample bins' worth, a few 1e-3 of ``n`` for
+``q = 0.99``), the radix passes ``4 c`` each; about ``1.05 n s``. A fallback adds up to ``4 n s``.
+The workspace (``8 * 1691`` bytes per tensor) is zeroed by one memset. Launches: memset,
+2 sample passes, bracket, 4 radix passes (3 for float16, 2 for bfloat16; without the sample
+and bracket when every tensor is small), plus one select per pass when ``FUSED`` is off.
+Nothing is read back to the host: the sequence is sync-free and CUDA-graph capturable once the
+pointer table and the plan (per-tensor grids and buffer layout) are cached.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import struct
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
+from trimtab.kernels import quantile_passes as qp
 from trimtab.kernels._table import DTYPE_CODES, pointer_table
 
-# (shift, bits) of the three radix digits of the 31 non-sign bits: 11 + 12 + 8.
-DIGITS = ((20, 11), (8, 12), (0, 8))
-# Tunables, read at each launch (benchmarks/bench_quantile.py --sweep times alternatives). With
-# 16 warps a block is 16 elements per thread, which keeps pass 1 near 64 registers per thread.
-BLOCK = 8192  # elements per tl.histogram call
-NUM_WARPS = 16
-# A block with at most this many counted elements sends them straight to global atomics. Off
-# (0): with Triton's shared-memory-atomic tl.histogram, a masked histogram of a sparse block is
-# cheap, while the scattered atomics need a layout conversion of the whole block.
-SPARSE_MAX = 0
-MAX_BLOCKS_PER_PROGRAM = 32  # a program reads at most 32 blocks (1 MB of fp32)
-PROGRAMS_PER_SM = 4  # aim for about this many programs per SM over the whole launch
+# Tunables, read at each call (benchmarks/bench_quantile.py --sweep times alternatives).
+BRACKET_BLOCK = 2048  # elements per block of the bracket pass
+BRACKET_WARPS = 8
+# Vector loads in the bracket pass: fewer load instructions, but a layout conversion before
+# the scattered atomics and stores (more registers and shared memory).
+BRACKET_VECTOR = False
+POOLS = 32  # compaction pools of a large tensor (at most 128): they spread the atomics
+BLOCKS_PER_POOL = 8  # ... a smaller tensor has one pool per this many bracket blocks
+BLOCK = 8192  # elements per block of radix passes over whole tensors
+NUM_WARPS = 16  # warps of the radix passes
+BUF_BLOCK = 1024  # buffer elements per program of a radix pass
+MAX_BLOCKS_PER_PROGRAM = 32  # a bracket or whole-tensor radix program reads at most 32 blocks
+PROGRAMS_PER_SM = 4  # aim for about this many programs per SM for each large tensor
+SAMPLE_STRIDE = 64  # one run of SAMPLE_RUN elements sampled per SAMPLE_STRIDE runs
+SAMPLE_RUN = 16  # contiguous elements per sampled run (64 bytes of float32)
+SAMPLE_ROWS = 256  # runs per sample program
+SAMPLE_WARPS = 8  # 16 elements a thread: about 48 registers (4 warps: over 100)
+Z = 5.0  # bracket half-width in standard deviations of the sample rank (miss ~ 6e-7)
+CAP_MULT = 4.0  # buffer capacity: this many times the expected count between the sample ranks
+CAP_ADD = 4096  # ... plus this many elements (room for the bins' own width)
+DIRECT_MAX = 1 << 15  # tensors up to this size skip the sample: radix select over them
+FUSED = True  # selects run in the last program of each pass (False: separate launches)
 
-# Globals read inside kernels must be constexpr.
-ZERO_COL = tl.constexpr(sum(1 << bits for _, bits in DIGITS))  # count of exact zeros
-HIST_WIDTH = tl.constexpr(ZERO_COL + 1)
-NONFINITE_BIN = tl.constexpr(0x7F800000 >> 20)  # first pass-1 bin of ±Inf and NaN
-NORMAL_BIN = tl.constexpr(0x00800000 >> 20)  # pass-1 bins below it hold zero and subnormals
-
-
-@triton.jit
-def _load_abs_bits(addr, start, offs, mask, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
-    """|x| as non-negative int32 float32 bit patterns (``DTYPE`` codes from ``DTYPE_CODES``);
-    ``mask=None`` for a full block."""
-    if DTYPE == 0:
-        base = addr.to(tl.pointer_type(tl.float32))
-    elif DTYPE == 1:
-        base = addr.to(tl.pointer_type(tl.float16))
-    else:  # bf16 read as its int16 bits: its float32 image is those bits shifted left 16
-        base = addr.to(tl.pointer_type(tl.int16))
-    base += start
-    if ALIGNED:
-        # Every tensor starts on 16 bytes and every block on BLOCK elements: vector loads.
-        base = tl.multiple_of(base, 16)
-        offs = tl.max_contiguous(tl.multiple_of(offs, 16), 16)
-    p = base + offs
-    if mask is None:
-        x = tl.load(p)
-    else:
-        x = tl.load(p, mask=mask, other=0)
-    if DTYPE == 2:
-        bits = x.to(tl.int32) << 16
-    else:
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-    return bits & 0x7FFFFFFF
+LOW_BITS = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}
+_PLAN_CACHE_SIZE = 64
 
 
-@triton.jit
-def _count_block(
-    acc,
-    zeros,
-    addr,
-    start,
-    offs,
-    mask,
-    row,
-    prefix,
-    SHIFT: tl.constexpr,
-    BITS: tl.constexpr,
-    FIRST: tl.constexpr,
-    SPARSE_MAX: tl.constexpr,
-    DTYPE: tl.constexpr,
-    ALIGNED: tl.constexpr,
-):
-    """Add one block's digits to the program's histogram ``acc`` (or straight to ``row``)."""
-    NBINS: tl.constexpr = 1 << BITS
-    bins = tl.arange(0, NBINS)
-    bits = _load_abs_bits(addr, start, offs, mask, DTYPE, ALIGNED)
-    if mask is None:
-        valid = offs >= 0
-    else:
-        valid = mask
-    if not FIRST:
-        valid = valid & ((bits >> (SHIFT + BITS)) == prefix)
-    digit = (bits >> SHIFT) & (NBINS - 1)
-    # Zeros (digit 0 in every pass) are counted apart, and a block whose elements share one
-    # digit adds its count directly: either skew would otherwise serialise the shared-memory
-    # atomics of tl.histogram on one address.
-    zeros += tl.sum((valid & (bits == 0)).to(tl.int32), axis=0)
-    valid = valid & (bits != 0)
-    nvalid = tl.sum(valid.to(tl.int32), axis=0)
-    if nvalid > 0:
-        lo = tl.min(tl.where(valid, digit, NBINS), axis=0)
-        hi = tl.max(tl.where(valid, digit, -1), axis=0)
-        if lo == hi:
-            acc += tl.where(bins == lo, nvalid, 0)
-        elif SPARSE_MAX == 0:  # compile-time: no sparse path, no layout conversion
-            acc += tl.histogram(digit, NBINS, mask=valid)
-        elif nvalid <= SPARSE_MAX:
-            # Few matches (a later pass on spread data): global atomics cost less than a
-            # block-wide histogram.
-            one = tl.full(digit.shape, 1, tl.int64)
-            tl.atomic_add(row + digit, one, mask=valid, sem="relaxed")
-        else:
-            acc += tl.histogram(digit, NBINS, mask=valid)
-    return acc, zeros
+@dataclass(frozen=True)
+class _Plan:
+    """Per-tensor grids and buffer layout (``meta``, see ``quantile_passes.M_*``) and the
+    program-to-tensor maps of the sample, bracket, whole-tensor and buffer grids."""
+
+    meta: torch.Tensor
+    sample_tensor: torch.Tensor
+    bracket_tensor: torch.Tensor
+    full_tensor: torch.Tensor
+    buf_tensor: torch.Tensor
+    buf_size: int
+    any_sampled: bool
 
 
-@triton.jit
-def _abs_hist_kernel(
-    ptrs,
-    numels,
-    block_start,
-    block_tensor,
-    state,  # int64 [T, 4]: prefix, rank within prefix, needs_exact, nonfinite
-    hist,  # int64 [T, HIST_WIDTH]
-    chunk,
-    HIST_OFFSET: tl.constexpr,
-    SHIFT: tl.constexpr,
-    BITS: tl.constexpr,
-    FIRST: tl.constexpr,
-    GATED: tl.constexpr,
-    DTYPE: tl.constexpr,
-    ALIGNED: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SPARSE_MAX: tl.constexpr,
-):
-    """One radix pass over one chunk of one tensor: histogram of the digit
-    ``(bits >> SHIFT) & (2**BITS - 1)`` of the elements whose higher bits equal the prefix
-    chosen so far for that tensor."""
-    NBINS: tl.constexpr = 1 << BITS
-    pid = tl.program_id(0)
-    t = tl.load(block_tensor + pid)
-    start = tl.multiple_of((pid - tl.load(block_start + t)) * chunk, BLOCK)
-    count = tl.minimum(tl.load(numels + t) - start, chunk).to(tl.int32)  # <= 0 if empty
-    addr = tl.load(ptrs + t)
-    row = hist + t * HIST_WIDTH + HIST_OFFSET
-    prefix = tl.load(state + t * 4).to(tl.int32)
-    if GATED:
-        # Programs of a tensor whose answer is already exact read nothing.
-        count = tl.where(tl.load(state + t * 4 + 2) != 0, count, 0)
-    idx = tl.arange(0, BLOCK)
-    bins = tl.arange(0, NBINS)
-    acc = tl.zeros([NBINS], dtype=tl.int32)
-    zeros = tl.zeros([], dtype=tl.int32)
-    # Full blocks unmasked (vector loads), then one masked tail.
-    full = count - count % BLOCK
-    for i in range(0, full, BLOCK):
-        acc, zeros = _count_block(
-            acc, zeros, addr, start, i + idx, None, row, prefix,
-            SHIFT, BITS, FIRST, SPARSE_MAX, DTYPE, ALIGNED,
-        )  # fmt: skip
-    if full < count:
-        acc, zeros = _count_block(
-            acc, zeros, addr, start, full + idx, full + idx < count, row, prefix,
-            SHIFT, BITS, FIRST, SPARSE_MAX, DTYPE, ALIGNED,
-        )  # fmt: skip
-    acc += tl.where(bins == 0, zeros, 0)
-    tl.atomic_add(row + bins, acc.to(tl.int64), mask=acc != 0, sem="relaxed")
-    if FIRST:
-        tl.atomic_add(hist + t * HIST_WIDTH + ZERO_COL, zeros.to(tl.int64), sem="relaxed")
-
-
-@triton.jit
-def _select_kernel(
-    numels,
-    state,
-    hist,
-    out,  # float32 [T]
-    q_bits,  # q as the int64 bit pattern of a float64, so k is computed in float64
-    EXACT: tl.constexpr,
-    STAGE: tl.constexpr,
-    HIST_OFFSET: tl.constexpr,
-    BITS: tl.constexpr,
-):
-    """Per tensor: the digit whose bin holds the remaining rank; state and result updates."""
-    NBINS: tl.constexpr = 1 << BITS
-    t = tl.program_id(0)
-    bins = tl.arange(0, NBINS)
-    h = tl.load(hist + t * HIST_WIDTH + HIST_OFFSET + bins)
-    if STAGE == 0:
-        nonfinite = tl.sum(tl.where(bins >= NONFINITE_BIN, h, 0), axis=0)
-        n_finite = tl.load(numels + t) - nonfinite
-        # k = ceil(q * n_finite), the product rounded in float64 as the reference rounds it.
-        kq = n_finite.to(tl.float64) * q_bits.to(tl.float64, bitcast=True)
-        k = kq.to(tl.int64)
-        k = tl.maximum(k + (k.to(tl.float64) < kq).to(tl.int64), 1)
-        prefix = tl.zeros([], dtype=tl.int64)
-        tl.store(state + t * 4 + 3, nonfinite)
-        tl.store(state + t * 4 + 2, (n_finite > 0).to(tl.int64))  # read back by stage 1
-    else:
-        prefix = tl.load(state + t * 4)
-        k = tl.load(state + t * 4 + 1)
-    cum = tl.cumsum(h, axis=0)
-    digit = tl.sum((cum < k).to(tl.int64), axis=0)
-    below = tl.sum(tl.where(bins < digit, h, 0), axis=0)
-    prefix = (prefix << BITS) | digit
-    tl.store(state + t * 4, prefix)
-    tl.store(state + t * 4 + 1, k - below)
-    if STAGE == 1:
-        # 23 of 31 bits known: the lower edge of the sub-bin (exact for fp16/bf16 inputs).
-        any_finite = tl.load(state + t * 4 + 2) != 0
-        value = (prefix << 8).to(tl.int32).to(tl.float32, bitcast=True)
-        tl.store(out + t, tl.where(any_finite, value, 0.0))
-        if EXACT:
-            needs = any_finite
-        else:
-            # Subnormal answers need the last 8 bits; an answer of exactly 0 does not.
-            zero = (prefix == 0) & (k - below <= tl.load(hist + t * HIST_WIDTH + ZERO_COL))
-            needs = any_finite & ((prefix >> 12) < NORMAL_BIN) & ~zero
-        tl.store(state + t * 4 + 2, needs.to(tl.int64))
-    if STAGE == 2:
-        value = prefix.to(tl.int32).to(tl.float32, bitcast=True)
-        needs = tl.load(state + t * 4 + 2) != 0
-        tl.store(out + t, tl.where(needs, value, tl.load(out + t)))
+_plans: OrderedDict[tuple, _Plan] = OrderedDict()
 
 
 @functools.cache
@@ -263,11 +119,68 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-def _chunk(total: int, device: torch.device) -> int:
-    """Elements per program: enough programs to fill the GPU, few enough to keep flushes rare."""
+def buffer_layout(n: int, q: float) -> tuple[int, int]:
+    """``(pools, elements per pool)`` of the buffer of a sampled tensor of ``n`` elements.
+
+    Capacity: ``CAP_MULT`` times the expected count between the bracket's sample ranks, plus
+    ``CAP_ADD``, at most ``n``; a bracket block sends its elements to one pool, so a tensor
+    has at most one pool per ``BLOCKS_PER_POOL`` blocks (up to ``POOLS``), each rounded up to
+    whole ``BUF_BLOCK``s."""
+    m = n / SAMPLE_STRIDE
+    d = Z * math.sqrt(m * q * (1.0 - q)) + 0.5 * Z * Z
+    cap = min(n, math.ceil(CAP_MULT * 2.0 * d * SAMPLE_STRIDE) + CAP_ADD)
+    pools = max(1, min(POOLS, n // (BLOCKS_PER_POOL * BRACKET_BLOCK)))
+    return pools, BUF_BLOCK * -(-cap // (pools * BUF_BLOCK))
+
+
+def _plan(numels: Sequence[int], q: float, device: torch.device) -> _Plan:
+    if not 1 <= POOLS <= qp.MAX_POOLS.value:
+        raise ValueError(f"POOLS must be in [1, {qp.MAX_POOLS.value}], got {POOLS}")
+    tunables = (BLOCK, BRACKET_BLOCK, BUF_BLOCK, MAX_BLOCKS_PER_PROGRAM, PROGRAMS_PER_SM)
+    tunables += (POOLS, BLOCKS_PER_POOL)
+    tunables += (SAMPLE_STRIDE, SAMPLE_RUN, SAMPLE_ROWS, Z, CAP_MULT, CAP_ADD, DIRECT_MAX)
+    key = (tuple(numels), q, device, tunables)
+    plan = _plans.get(key)
+    if plan is not None:
+        _plans.move_to_end(key)
+        return plan
     target = PROGRAMS_PER_SM * _num_sms(device)
-    blocks = -(-total // (target * BLOCK))
-    return BLOCK * max(1, min(MAX_BLOCKS_PER_PROGRAM, blocks))
+    rows, maps = [], ([], [], [], [])
+    buf_size = 0
+    for t, n in enumerate(numels):
+        sampled = n > DIRECT_MAX
+
+        def chunk(block: int, n: int = n) -> int:
+            blocks = max(1, -(-n // block))
+            return block * max(1, min(MAX_BLOCKS_PER_PROGRAM, -(-blocks // target)))
+
+        b_chunk, f_chunk = chunk(BRACKET_BLOCK), chunk(BLOCK)
+        pools, pool_cap = buffer_layout(n, q) if sampled else (0, 0)
+        progs = (
+            -(-n // (SAMPLE_ROWS * SAMPLE_STRIDE * SAMPLE_RUN)) if sampled else 0,
+            -(-n // b_chunk) if sampled else 0,
+            max(1, -(-n // f_chunk)),
+            pools * pool_cap // BUF_BLOCK,
+        )
+        firsts = [len(m) for m in maps]
+        for m, c in zip(maps, progs):
+            m.extend([t] * c)
+        rows.append(
+            [n, int(sampled), firsts[0], progs[0], firsts[1], progs[1], b_chunk, firsts[2],
+             progs[2], f_chunk, firsts[3], progs[3], buf_size, pool_cap, pools]
+        )  # fmt: skip
+        buf_size += pools * pool_cap
+    as_int32 = [torch.tensor(m or [0], dtype=torch.int32).to(device) for m in maps]
+    plan = _Plan(
+        torch.tensor(rows, dtype=torch.int64).reshape(-1, qp.META_WIDTH.value).to(device),
+        *as_int32,
+        buf_size=buf_size,
+        any_sampled=any(r[1] for r in rows),
+    )
+    _plans[key] = plan
+    if len(_plans) > _PLAN_CACHE_SIZE:
+        _plans.popitem(last=False)
+    return plan
 
 
 def abs_quantiles_triton(
@@ -276,53 +189,63 @@ def abs_quantiles_triton(
     """Kernel path of :func:`trimtab.abs_quantiles`: ``(values float32 [T], nonfinite int64 [T])``.
 
     ``tensors`` must be non-empty, contiguous, on one device and share one dtype among
-    float32, float16, bfloat16 (the public entry arranges that).
+    float32, float16, bfloat16 (the public entry arranges that). The values are exact, so
+    ``exact`` changes nothing (it is kept for the signature).
     """
+    out, ws = run(tensors, q)
+    return out, ws[:, qp.S_NONFINITE.value]
+
+
+def paths(ws: torch.Tensor) -> list[str]:
+    """How each tensor's answer was found, from the workspace returned by :func:`run`."""
+    names = ("direct", "buffer", "answered", "miss", "overflow")
+    return [names[i] for i in ws[:, qp.S_PATH.value].tolist()]
+
+
+def run(tensors: Sequence[torch.Tensor], q: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`abs_quantiles_triton`, returning the values and the whole workspace."""
     dtype = tensors[0].dtype
     device = tensors[0].device
     num = len(tensors)
-    chunk = _chunk(sum(t.numel() for t in tensors), device)
-    table = pointer_table(tensors, chunk)
-    hist = torch.zeros((num, HIST_WIDTH.value), dtype=torch.int64, device=device)
-    state = torch.empty((num, 4), dtype=torch.int64, device=device)
+    plan = _plan([t.numel() for t in tensors], float(q), device)
+    ptrs = pointer_table(tensors, BLOCK).ptrs
+    ws = torch.zeros((num, qp.WS_WIDTH.value), dtype=torch.int64, device=device)
+    buf = torch.empty(max(1, plan.buf_size), dtype=torch.int32, device=device)
     out = torch.empty(num, dtype=torch.float32, device=device)
     aligned = all(t.data_ptr() % 16 == 0 for t in tensors)
     # float64 bits of q (at least 1e-300: same k, and the bits stay a 64-bit kernel argument)
     q_bits = struct.unpack("<q", struct.pack("<d", max(float(q), 1e-300)))[0]
-    # fp16 and bf16 have at most 10 mantissa bits: two passes already give their exact value.
-    digits = DIGITS if dtype == torch.float32 else DIGITS[:2]
-    offset = 0
-    for stage, (shift, bits) in enumerate(digits):
-        _abs_hist_kernel[(table.num_blocks,)](
-            table.ptrs,
-            table.numels,
-            table.block_start,
-            table.block_tensor,
-            state,
-            hist,
-            chunk,
-            HIST_OFFSET=offset,
-            SHIFT=shift,
-            BITS=bits,
-            FIRST=stage == 0,
-            GATED=stage == 2,
-            DTYPE=DTYPE_CODES[dtype],
-            ALIGNED=aligned,
-            BLOCK=BLOCK,
-            SPARSE_MAX=SPARSE_MAX,
-            num_warps=NUM_WARPS,
-        )
-        _select_kernel[(num,)](
-            table.numels,
-            state,
-            hist,
-            out,
-            q_bits,
-            EXACT=exact,
-            STAGE=stage,
-            HIST_OFFSET=offset,
-            BITS=bits,
-            num_warps=4,
-        )
-        offset += 1 << bits
-    return out, state[:, 3]
+    code, low = DTYPE_CODES[dtype], LOW_BITS[dtype]
+    meta = plan.meta
+
+    def select(stage: int, pass_: int = 0) -> None:
+        if not FUSED:
+            qp.select_kernel[(num,)](
+                meta, ws, out, q_bits, Z, stage, pass_, low, POOLS, num_warps=4
+            )
+
+    if plan.any_sampled:
+        for level in (0, 1):
+            qp.sample_kernel[(plan.sample_tensor.numel(),)](
+                ptrs, meta, plan.sample_tensor, ws, q_bits,
+                Z=Z, LEVEL=level, DTYPE=code, ROWS=SAMPLE_ROWS, STRIDE=SAMPLE_STRIDE,
+                RUN=SAMPLE_RUN, FUSED=FUSED, num_warps=SAMPLE_WARPS,
+            )  # fmt: skip
+            select(level)
+        qp.bracket_kernel[(plan.bracket_tensor.numel(),)](
+            ptrs, meta, plan.bracket_tensor, ws, buf, out, q_bits,
+            DTYPE=code, ALIGNED=aligned and BRACKET_VECTOR, BLOCK=BRACKET_BLOCK, LOW=low,
+            POOLS=POOLS,
+            FUSED=FUSED, num_warps=BRACKET_WARPS,
+        )  # fmt: skip
+        select(2)
+    num_full, num_buf = plan.full_tensor.numel(), plan.buf_tensor.numel()
+    num_buf = num_buf if plan.buf_size else 0
+    for pass_ in range(-(-(31 - low) // 8)):
+        qp.radix_kernel[(max(num_full, num_buf),)](
+            ptrs, meta, plan.full_tensor, plan.buf_tensor, ws, buf, out, q_bits, num_full,
+            num_buf, PASS=pass_, DTYPE=code, ALIGNED=aligned, BLOCK=BLOCK,
+            BUF_BLOCK=BUF_BLOCK, LOW=low, FUSED=FUSED, num_warps=NUM_WARPS,
+        )  # fmt: skip
+        select(3, pass_)
+    return out, ws
