@@ -117,11 +117,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="few steps, a small net")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per measurement")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cfg = TrainConfig()
-    steps = 200
+    steps = args.steps
     if args.quick:
         cfg = replace(cfg, agent=replace(cfg.agent, hidden=16, n_tau=2, n_tau_target=2))
         steps = 5
