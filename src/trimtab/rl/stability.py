@@ -226,7 +226,7 @@ class Stability(StepGuard):
         self.state[slot].copy_(self.ema.update(obs, self._masks[c])[c])
         finite_abs = torch.where(torch.isfinite(x), x.abs(), 0.0)
         self._step_max[c] = finite_abs.amax().float()
-        self._step_seen[c] = x.numel()
+        self._step_seen[c].fill_(x.numel())  # fill_: a kernel argument, not a host copy
         return self.state.read(slot, floor=SUPPORT_FLOOR)
 
     def _consume(self, c: int, name: str, x: Tensor, bound: Tensor | float) -> Tensor:
