@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cfg = TrainConfig()
+    torch.set_num_threads(cfg.run.threads)  # as `trimtab train` runs
     steps = args.steps
     if args.quick:
         cfg = replace(cfg, agent=replace(cfg.agent, hidden=16, n_tau=2, n_tau_target=2))
