@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 Stability = Literal["adaptive", "fixed", "off"]
+ABLATIONS = ("support", "target_clamp", "trunk_clamp", "grad_clip", "weight_clamp", "decay")
 
 
 def _check(bad: list[str], section: str) -> None:
@@ -38,6 +39,9 @@ class RunConfig:
     checkpoint_every: int = 2000  # gradient steps between checkpoints (and at every fold end)
     log_every: int = 50  # gradient steps between metrics.csv rows
     progress: bool = True  # tqdm progress bars per fold
+    # adaptive mechanisms to switch off, for ablations: any of "support", "target_clamp",
+    # "trunk_clamp", "grad_clip", "weight_clamp", "decay" (README: Stability modes)
+    ablate: tuple[str, ...] = ()
     # CPU threads for torch. 1 by default: the default net is small, and on a 2-core machine
     # two OpenMP threads competing with any other process slowed a step 50x (measured).
     threads: int = 1
@@ -46,6 +50,9 @@ class RunConfig:
         bad = []
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             bad.append(f"device={self.device!r} must be 'cpu', 'cuda' or 'cuda:N'")
+        unknown = sorted(set(self.ablate) - set(ABLATIONS))
+        if unknown:
+            bad.append(f"ablate={unknown}: known mechanisms are {list(ABLATIONS)}")
         if self.checkpoint_every < 1 or self.log_every < 1 or self.threads < 1:
             bad.append("checkpoint_every, log_every and threads must be >= 1")
         _check(bad, "run")

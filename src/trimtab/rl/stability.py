@@ -25,7 +25,7 @@ from trimtab.optim import Adam
 from trimtab.optim.adam import adam_slots
 from trimtab.quantile import abs_quantile, abs_quantiles
 from trimtab.rl.agent import DQNAgent, StepGuard
-from trimtab.rl.config import TrainConfig
+from trimtab.rl.config import ABLATIONS, TrainConfig
 from trimtab.sentinel import Rule, Sentinel
 from trimtab.state import Slot, StateVector
 
@@ -59,6 +59,8 @@ class Stability(StepGuard):
 
     def __init__(self, cfg: TrainConfig, n_branches: int, device: torch.device) -> None:
         self.mode = cfg.run.stability
+        # adaptive mechanisms switched off for an ablation (config run.ablate)
+        self.on = {m: self.mode == "adaptive" and m not in cfg.run.ablate for m in ABLATIONS}
         self.policy = cfg.run.on_nonfinite
         self.n_branches = n_branches
         self.device = device
@@ -110,7 +112,9 @@ class Stability(StepGuard):
     def optimizer_factory(self, params: Any, lr: float) -> torch.optim.Optimizer:
         """Every network with parameters steps with this (invariant 5: one implementation)."""
         if self.mode == "adaptive":
-            return Adam(params, lr=lr, state_vector=self.state, capturable=True)
+            decay: float | str = "auto" if self.on["decay"] else 0.0
+            return Adam(params, lr=lr, weight_decay=decay, weight_clamp=self.on["weight_clamp"],
+                        state_vector=self.state, capturable=True)  # fmt: skip
         if self.mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is in after_step
             return Adam(params, lr=lr, weight_decay=0.0, weight_clamp=False,
                         state_vector=self.state, capturable=True)  # fmt: skip
@@ -121,13 +125,16 @@ class Stability(StepGuard):
         self.agent = agent
         agent.guard = self
         agent.online.trunk_hook = self._trunk_hook
-        if self.mode == "adaptive":
+        if self.on["grad_clip"]:
             self.clip = AdaptiveGradClip(list(agent.online.parameters()), state_vector=self.state)
         s = self.sentinel
         thr = {"targets": "target_bound", "trunk": "trunk_bound"}
         # A buffer a clamp sanitises is checked by guard_ in the same pass (source None);
         # one with no clamp in this mode is checked as it is, in its phase.
-        self._guarded = {"targets": self.mode != "off", "trunk": self.mode == "adaptive"}
+        self._guarded = {
+            "targets": self.mode == "fixed" or self.on["target_clamp"],
+            "trunk": self.on["trunk_clamp"],
+        }
 
         def above(slot: str) -> Rule:
             return Rule.above(self.state[slot], factor=EXCURSION_FACTOR, name=slot)
@@ -213,7 +220,7 @@ class Stability(StepGuard):
     # --- the C51 support: the one helper that reads its slot ------------------------------------
     def support_fn(self) -> tuple[Tensor, Tensor]:
         """Per-branch ``(v_min, v_max)``: ``±fmax(target_bound, floor)`` when adaptive."""
-        if self.mode != "adaptive":
+        if not self.on["support"]:
             return self._fixed_support
         b = self.state.read("target_bound", floor=SUPPORT_FLOOR).expand(self.n_branches)
         return -b, b
@@ -245,13 +252,12 @@ class Stability(StepGuard):
         if kind == "c51":
             return x  # the projection clips T z to the support, which reads the same slot
         x = x.contiguous()
+        bound: Tensor | float = FIXED["target_clamp"]
+        if self.on["support"] or self.on["target_clamp"]:  # the slot feeds both
+            bound = self._produce(0, "target_bound", x)
         if not self._guarded["targets"]:
             self._latest["targets"] = x
             return x
-        if self.mode == "adaptive":
-            bound: Tensor | float = self._produce(0, "target_bound", x)
-        else:
-            bound = FIXED["target_clamp"]
         return self._consume(0, "targets", x, bound)
 
     def _trunk_hook(self, h: Tensor) -> Tensor:
