@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trimtab.kernels.sentinel import REDUCE_BLOCK, _record_first_fire, scratch
+from trimtab.kernels.sentinel import REDUCE_BLOCK, record_first_fire, reduce_partials, scratch
 
 #: Elements per program (one load each: x is read exactly once and written once).
 CLAMP_BLOCK = 4096
@@ -77,23 +77,13 @@ def _clamp_kernel(
         nprog = tl.num_programs(0)
         arrived = tl.atomic_add(done + slot, 1, sem="acq_rel")
         if arrived == nprog - 1:
-            nan_acc = tl.zeros([RBLOCK], dtype=tl.int32)
-            max_acc = tl.zeros([RBLOCK], dtype=tl.float64)
-            for r in range(0, nprog, RBLOCK):
-                ridx = r + tl.arange(0, RBLOCK)
-                rmask = ridx < nprog
-                nan_acc = tl.maximum(
-                    nan_acc, tl.load(scratch_nan + ridx, mask=rmask, other=0, volatile=True)
-                )
-                max_acc = tl.maximum(
-                    max_acc, tl.load(scratch_max + ridx, mask=rmask, other=0.0, volatile=True)
-                )
+            any_nan, amax = reduce_partials(scratch_nan, scratch_max, 0, nprog, RBLOCK)
             step = tl.load(guard_steps + slot)
             gseq = tl.load(counters + n_counters - 1)
-            _record_first_fire(
+            record_first_fire(
                 slot,
-                tl.max(nan_acc, axis=0),
-                tl.max(max_acc, axis=0),
+                any_nan,
+                amax,
                 step,
                 gseq,
                 thr_ptrs,

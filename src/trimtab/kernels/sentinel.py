@@ -47,7 +47,25 @@ def _abs_partial(ptr, start, n, ACC: tl.constexpr, BLOCK: tl.constexpr, TILE: tl
 
 
 @triton.jit
-def _record_first_fire(
+def reduce_partials(scratch_nan, scratch_max, first, nprog, RBLOCK: tl.constexpr):
+    """(any NaN, max |x|) over partials ``first .. first + nprog - 1`` that other programs of
+    this launch wrote (volatile loads: bypass L1). Used by the last program of a tensor."""
+    nan_acc = tl.zeros([RBLOCK], dtype=tl.int32)
+    max_acc = tl.zeros([RBLOCK], dtype=tl.float64)
+    for r in range(0, nprog, RBLOCK):
+        ridx = first + r + tl.arange(0, RBLOCK)
+        rmask = ridx < first + nprog
+        nan_acc = tl.maximum(
+            nan_acc, tl.load(scratch_nan + ridx, mask=rmask, other=0, volatile=True)
+        )
+        max_acc = tl.maximum(
+            max_acc, tl.load(scratch_max + ridx, mask=rmask, other=0.0, volatile=True)
+        )
+    return tl.max(nan_acc, axis=0), tl.max(max_acc, axis=0)
+
+
+@triton.jit
+def record_first_fire(
     slot,
     any_nan,
     amax,
@@ -142,24 +160,14 @@ def _check_kernel(
     if arrived == nprog - 1:
         # Last program of this tensor: reduce its partials (volatile: bypass L1, they were
         # written by other programs), classify, record.
-        nan_acc = tl.zeros([RBLOCK], dtype=tl.int32)
-        max_acc = tl.zeros([RBLOCK], dtype=tl.float64)
-        for r in range(0, nprog, RBLOCK):
-            ridx = first + r + tl.arange(0, RBLOCK)
-            rmask = ridx < first + nprog
-            nan_acc = tl.maximum(
-                nan_acc, tl.load(scratch_nan + ridx, mask=rmask, other=0, volatile=True)
-            )
-            max_acc = tl.maximum(
-                max_acc, tl.load(scratch_max + ridx, mask=rmask, other=0.0, volatile=True)
-            )
+        any_nan, amax = reduce_partials(scratch_nan, scratch_max, first, nprog, RBLOCK)
         phase = tl.load(slot_phase + slot)
         step = tl.load(counters + phase, volatile=True)
         gseq = tl.load(counters + n_counters - 1, volatile=True)
-        _record_first_fire(
+        record_first_fire(
             slot,
-            tl.max(nan_acc, axis=0),
-            tl.max(max_acc, axis=0),
+            any_nan,
+            amax,
             step,
             gseq,
             thr_ptrs,
