@@ -22,17 +22,14 @@ target is AdaptiveEMA MSE ≤ 1.25 × the hindsight-best fixed rate on each sign
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import platform
-import sys
 from pathlib import Path
 
 import torch
 
 from trimtab import AdaptiveEMA
-from trimtab.benchmarking import commit
+from trimtab.benchmarking import provenance
 
 FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
 SIGNALS = ("stationary", "step", "random_walk", "drift", "spikes")
@@ -127,11 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     print(markdown(results))
     report: dict[str, object] = {
         "benchmark": "ema",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit(),
-        "machine": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
+        **provenance(args.device),
         "device": args.device,
         "steps": steps,
         "seeds": seeds,

@@ -15,11 +15,9 @@ credited for. Target on an H200: ≤ 0.055 ms (reading 176 MB once at 4.2 TB/s t
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +25,7 @@ from pathlib import Path
 import torch
 
 from trimtab import Sentinel
-from trimtab.benchmarking import commit
+from trimtab.benchmarking import provenance
 from trimtab.sentinel import Rule
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "sentinel.json"
@@ -142,14 +140,6 @@ def markdown(results: dict[str, dict[str, float]], nbytes: int) -> str:
     return "\n".join(lines)
 
 
-def _triton_version() -> str | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__
-
-
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tensors 64x smaller, 5 reps")
@@ -167,14 +157,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     print(markdown(results, nbytes))
     report: dict[str, object] = {
         "benchmark": "sentinel",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit(),
-        "machine": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "triton": _triton_version(),
+        **provenance(args.device),
         "device": args.device,
-        "device_name": name,
         "quick": args.quick,
         "tensors": 48,
         "bytes": nbytes,
