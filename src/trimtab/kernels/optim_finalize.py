@@ -1,0 +1,508 @@
+"""The finalize of :mod:`trimtab.kernels.optim`: one single-program launch per step that
+reduces every group's replicated partials, computes the window quantiles, folds the
+observations through the slot estimator and the engagement correction, writes the slots and
+zeroes the workspaces; with its pure-PyTorch references.
+
+Split from ``optim.py`` (the update) so each file reads as one room; the workspace layout
+constants live there.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from trimtab.kernels._table import PointerTable
+from trimtab.kernels.optim import (
+    BINS,
+    COARSE_SHIFT,
+    EMA_WIDTH,
+    ENG_BASE,
+    FINE_SHIFT,
+    HIST_OFFSET,
+    INT_UNDER,
+    INT_WIDTH,
+    NUM_SUMS,
+    PART_ENGAGED,
+    PART_FINITE,
+    PART_MAXBITS,
+    PART_WIDTH,
+    PHASE_PERIOD,
+    REDUCE_TILE,
+    TABLE_TAIL,
+    WINDOW_OFFSET,
+)
+
+
+@triton.jit
+def _ptr(table, j, DTYPE: tl.constexpr):
+    return tl.load(table + j).to(tl.pointer_type(DTYPE))
+
+
+@triton.jit
+def _ema_load(tab, BASE: tl.constexpr, slot, ok, K: tl.constexpr, KP: tl.constexpr):
+    """Load one AdaptiveEMA's state of the lanes' ``slot`` s (see ``estimate.py``)."""
+    mean = tl.load(_ptr(tab, BASE + 0, tl.float32) + slot, mask=ok, other=0.0)
+    r = tl.load(_ptr(tab, BASE + 1, tl.float32) + slot, mask=ok, other=0.0)
+    prev_obs = tl.load(_ptr(tab, BASE + 2, tl.float32) + slot, mask=ok, other=0.0)
+    prev_z = tl.load(_ptr(tab, BASE + 3, tl.float32) + slot, mask=ok, other=0.0)
+    alpha = tl.load(_ptr(tab, BASE + 4, tl.float32) + slot, mask=ok, other=0.0)
+    count = tl.load(_ptr(tab, BASE + 5, tl.int64) + slot, mask=ok, other=0)
+    nonf = tl.load(_ptr(tab, BASE + 6, tl.int64) + slot, mask=ok, other=0)
+    kk = tl.arange(0, KP)
+    cm = ok[:, None] & (kk[None, :] < K)
+    off = slot[:, None] * K + kk[None, :]
+    level = tl.load(_ptr(tab, BASE + 7, tl.float32) + off, mask=cm, other=0.0)
+    slope = tl.load(_ptr(tab, BASE + 8, tl.float32) + off, mask=cm, other=0.0)
+    p_ll = tl.load(_ptr(tab, BASE + 9, tl.float32) + off, mask=cm, other=0.0)
+    p_ls = tl.load(_ptr(tab, BASE + 10, tl.float32) + off, mask=cm, other=0.0)
+    p_ss = tl.load(_ptr(tab, BASE + 11, tl.float32) + off, mask=cm, other=0.0)
+    score = tl.load(_ptr(tab, BASE + 12, tl.float32) + off, mask=cm, other=0.0)
+    return mean, r, prev_obs, prev_z, alpha, count, nonf, level, slope, p_ll, p_ls, p_ss, score
+
+
+@triton.jit
+def _softmax_rows(x, cm):
+    x = tl.where(cm, x, -float("inf"))
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    e = tl.where(cm, e, 0.0)
+    return e / tl.sum(e, axis=1)[:, None]
+
+
+@triton.jit
+def _ema_step(
+    tab,
+    BASE: tl.constexpr,
+    TAIL: tl.constexpr,
+    slot,
+    ok,
+    obs,
+    chosen,
+    mean,
+    r_old,
+    prev_obs,
+    prev_z,
+    alpha_old,
+    count_old,
+    nonf,
+    level,
+    slope,
+    p_ll,
+    p_ls,
+    p_ss,
+    score,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    META: tl.constexpr,
+    TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr,
+):
+    """``AdaptiveEMA.update`` of the lanes' slots (state loaded by ``_ema_load``); stores the
+    new state, returns the estimate. Line for line the torch code of ``estimate.py``."""
+    finite = (obs == obs) & (tl.abs(obs) < float("inf"))
+    chosen = chosen & ok
+    take = chosen & finite
+    nonf = nonf + (chosen & ~finite).to(tl.int64)
+    count = count_old + take.to(tl.int64)
+    first = take & (count == 1)
+    y = tl.where(take, obs, tl.where(prev_obs == prev_obs, prev_obs, 0.0))
+
+    n = tl.maximum(count - 1, 1).to(tl.float32)
+    b = tl.maximum(1.0 / n, META)
+    dof = tl.minimum(tl.maximum(count - 2, 1), DOF_MAX).to(tl.int32)  # clamp(n - 1, 1, max)
+    c = tl.load(_ptr(tab, TAIL + 2, tl.float32) + dof - 1, mask=ok, other=1.0)
+    kappa = tl.load(_ptr(tab, TAIL + 3, tl.float32) + dof - 1, mask=ok, other=1.0)
+
+    d = y - prev_obs
+    d2 = d * d
+    has_r = (r_old == r_old) & (tl.abs(r_old) < float("inf"))
+    d2c = tl.where(has_r, tl.minimum(d2, c * c * 2.0 * r_old) / kappa, d2)
+    r_new = tl.where(has_r, r_old + b * (0.5 * d2c - r_old), 0.5 * d2)
+    r_sel = tl.where(has_r, r_old, r_new)
+    r_use = tl.where(r_sel < TINY, TINY, r_sel)[:, None]  # clamp(min=TINY): NaN stays NaN
+
+    kk = tl.arange(0, KP)
+    km = kk < K
+    cm = ok[:, None] & km[None, :]
+    q_level = tl.load(_ptr(tab, TAIL + 0, tl.float32) + kk, mask=km, other=0.0)[None, :]
+    q_slope = tl.load(_ptr(tab, TAIL + 1, tl.float32) + kk, mask=km, other=0.0)[None, :]
+    a_ll = p_ll + 2.0 * p_ls + p_ss + q_level
+    a_ls = p_ls + p_ss
+    a_ss = p_ss + q_slope
+    pred = level + slope
+    s_norm = a_ll + 1.0
+    sd = tl.sqrt(s_norm * r_use)
+    cc = c[:, None]
+    x = y[:, None] - pred
+    v = tl.where(x < -cc * sd, -cc * sd, tl.where(x > cc * sd, cc * sd, x))
+    v = tl.where(sd == sd, v, sd)  # clamp with a NaN bound is NaN, as in torch
+
+    w = _softmax_rows(score, cm)
+    pred_mix = tl.sum(tl.where(cm, w * pred, 0.0), axis=1)
+    dev = pred - pred_mix[:, None]
+    var_mix = tl.sum(tl.where(cm, w * (s_norm * r_use + dev * dev), 0.0), axis=1)
+    z = (y - pred_mix) / tl.sqrt(var_mix)
+    agree = tl.abs(z - prev_z) <= c * 1.4142135623730951
+    shift = (tl.abs(z) > c) & (tl.abs(prev_z) > c) & (z * prev_z > 0) & agree
+
+    k_l = a_ll / s_norm
+    k_s = a_ls / s_norm
+    n_level = pred + k_l * v
+    n_slope = slope + k_s * v
+    n_pss = a_ss - k_s * a_ls
+    n_score = (1.0 - META) * score - 0.5 * (v * v) / r_use
+    n_score = n_score - tl.max(tl.where(cm, n_score, -float("inf")), axis=1)[:, None]
+    restart = tl.where(first, 1.0, 0.5)[:, None]
+    anew = (shift | first)[:, None]
+    start = tl.where(first, y, 0.5 * (prev_obs + y))[:, None]
+    tk = take[:, None]
+    level = tl.where(tk, tl.where(anew, start, n_level), level)
+    slope = tl.where(tk, tl.where(anew, 0.0, n_slope), slope)
+    p_ll = tl.where(tk, tl.where(anew, restart, k_l), p_ll)
+    p_ls = tl.where(tk, tl.where(anew, 0.0, k_s), p_ls)
+    p_ss = tl.where(tk, tl.where(anew, 0.0, n_pss), p_ss)
+    score = tl.where(tk, tl.where(first[:, None], 0.0, n_score), score)
+    off = slot[:, None] * K + kk[None, :]
+    tl.store(_ptr(tab, BASE + 7, tl.float32) + off, level, mask=cm)
+    tl.store(_ptr(tab, BASE + 8, tl.float32) + off, slope, mask=cm)
+    tl.store(_ptr(tab, BASE + 9, tl.float32) + off, p_ll, mask=cm)
+    tl.store(_ptr(tab, BASE + 10, tl.float32) + off, p_ls, mask=cm)
+    tl.store(_ptr(tab, BASE + 11, tl.float32) + off, p_ss, mask=cm)
+    tl.store(_ptr(tab, BASE + 12, tl.float32) + off, score, mask=cm)
+
+    w = _softmax_rows(score, cm)
+    anchor = tl.sum(tl.where(cm & (kk[None, :] == 0), level, 0.0), axis=1)
+    new_mean = anchor + tl.sum(tl.where(cm, w * (level - anchor[:, None]), 0.0), axis=1)
+    new_alpha = tl.where(shift | first, 1.0, tl.sum(tl.where(cm, w * k_l, 0.0), axis=1))
+    mean = tl.where(take, new_mean, mean)
+    tl.store(_ptr(tab, BASE + 0, tl.float32) + slot, mean, mask=ok)
+    r = tl.where(take, tl.where(first, r_old, r_new), r_old)
+    tl.store(_ptr(tab, BASE + 1, tl.float32) + slot, r, mask=ok)
+    tl.store(_ptr(tab, BASE + 2, tl.float32) + slot, tl.where(take, y, prev_obs), mask=ok)
+    z_new = tl.where(take, tl.where(first, 0.0, z), prev_z)
+    tl.store(_ptr(tab, BASE + 3, tl.float32) + slot, z_new, mask=ok)
+    tl.store(_ptr(tab, BASE + 4, tl.float32) + slot, tl.where(take, new_alpha, alpha_old), mask=ok)
+    tl.store(_ptr(tab, BASE + 5, tl.int64) + slot, count, mask=ok)
+    tl.store(_ptr(tab, BASE + 6, tl.int64) + slot, nonf, mask=ok)
+    return mean
+
+
+@triton.jit
+def _window_quantile(
+    ints_row,
+    sel_g,
+    qk,
+    need,
+    qv,
+    BINS: tl.constexpr,
+    CSHIFT: tl.constexpr,
+    FSHIFT: tl.constexpr,
+    UNDER: tl.constexpr,
+    HIST_OFFSET: tl.constexpr,
+    WINDOW_OFFSET: tl.constexpr,
+):
+    """(value, next window base) of the lanes' histograms (:func:`window_quantiles_reference`)."""
+    bins = tl.arange(0, BINS)
+    hm = need[:, None]
+    hist = tl.load(ints_row[:, None] + HIST_OFFSET + qk[:, None] * BINS + bins[None, :], hm, 0)
+    win = tl.load(ints_row[:, None] + WINDOW_OFFSET + qk[:, None] * BINS + bins[None, :], hm, 0)
+    under = tl.load(ints_row + UNDER + qk, mask=need, other=0)
+    base = tl.load(sel_g + qk, mask=need, other=-1)
+    n = tl.sum(hist, axis=1)
+    rank = tl.maximum(tl.ceil(n.to(tl.float64) * qv), 1.0).to(tl.int32)
+    cum = tl.cumsum(hist, axis=1)
+    chosen = tl.minimum(tl.sum((cum < rank[:, None]).to(tl.int32), axis=1), BINS - 1)
+    within = rank - under
+    fcum = tl.cumsum(win, axis=1)
+    in_win = (base >= 0) & (within >= 1) & (within <= tl.sum(win, axis=1))
+    fchosen = tl.sum((fcum < within[:, None]).to(tl.int32), axis=1)
+    bits = tl.where(in_win, base + (fchosen << FSHIFT), chosen << CSHIFT)
+    value = tl.where(n > 0, bits.to(tl.float32, bitcast=True), 0.0)
+    centred = tl.maximum((bits >> FSHIFT) - BINS // 2, 0) << FSHIFT
+    nxt = tl.where(n > 0, tl.where(in_win, centred, chosen << CSHIFT), -1)
+    return value, nxt
+
+
+@triton.jit
+def _reduce_parts(
+    sums,
+    parts,
+    G,
+    GP: tl.constexpr,
+    REPLICAS: tl.constexpr,
+    PART_WIDTH: tl.constexpr,
+    RB: tl.constexpr,
+):
+    """Each group's scalar partials reduced over its ``REPLICAS`` rows, ``[GP]`` each: the five
+    float32 sums, the engagement and finite counts (int64) and the max ``|w|`` bits (int32)."""
+    gp = tl.arange(0, GP)
+    rr = tl.arange(0, RB)
+    s0 = tl.zeros([GP], tl.float32)
+    s1 = tl.zeros([GP], tl.float32)
+    s2 = tl.zeros([GP], tl.float32)
+    s3 = tl.zeros([GP], tl.float32)
+    s4 = tl.zeros([GP], tl.float32)
+    engaged = tl.zeros([GP], tl.int64)
+    finite = tl.zeros([GP], tl.int64)
+    maxbits = tl.zeros([GP], tl.int32)
+    for r0 in range(0, REPLICAS, RB):
+        r = r0 + rr
+        off = (gp[:, None] * REPLICAS + r[None, :]) * PART_WIDTH
+        gm = (gp < G)[:, None] & (r < REPLICAS)[None, :]  # RB > REPLICAS only for R = 1
+        s0 += tl.sum(tl.load(sums + off + 0, mask=gm, other=0.0), axis=1)
+        s1 += tl.sum(tl.load(sums + off + 1, mask=gm, other=0.0), axis=1)
+        s2 += tl.sum(tl.load(sums + off + 2, mask=gm, other=0.0), axis=1)
+        s3 += tl.sum(tl.load(sums + off + 3, mask=gm, other=0.0), axis=1)
+        s4 += tl.sum(tl.load(sums + off + 4, mask=gm, other=0.0), axis=1)
+        engaged += tl.sum(tl.load(parts + off + 5, mask=gm, other=0).to(tl.int64), axis=1)
+        mb = tl.max(tl.load(parts + off + 6, mask=gm, other=0), axis=1)
+        maxbits = tl.maximum(maxbits, mb)
+        finite += tl.sum(tl.load(parts + off + 7, mask=gm, other=0).to(tl.int64), axis=1)
+    return s0, s1, s2, s3, s4, engaged, finite, maxbits
+
+
+@triton.jit
+def _lanes(v, g, ok, GP: tl.constexpr):
+    """``v[g]`` on every lane (0 where not ``ok``): a one-hot select of a ``[GP]`` vector."""
+    hit = (g[:, None] == tl.arange(0, GP)[None, :]) & ok[:, None]
+    return tl.sum(tl.where(hit, v[None, :], 0), axis=1)
+
+
+@triton.jit
+def _finalize_kernel(
+    tab,  # int64 [TABLE_SIZE]: state pointers (see Adam._finalize_table)
+    ints,  # int32 [G, INT_WIDTH]
+    sums,  # float32 view of parts
+    parts,  # int32 [G, REPLICAS, PART_WIDTH]
+    sel,  # int32 [G, 3]
+    deficit,  # float32 [G]: entropy deficit of the L1 groups' gradients (NaN: none)
+    lrs,  # float32 [G]
+    flags,  # int32 [G]: OBSERVED | CLAMP | AUTO | L1 bits
+    slot_offsets,  # int32 [6]: offset of each slot kind in the state vector
+    consts,  # float64 [3]: quantile, expected engagement rate, z threshold
+    step_ptrs,  # int64 [T]: step counters to increment
+    num_steps,
+    phase,  # int32 [1]
+    G,
+    GP: tl.constexpr,
+    GR: tl.constexpr,  # max(GP, 2): the groups of the replica reduction's tiles
+    STATS: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    META: tl.constexpr,
+    TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr,
+    NORM_EPS: tl.constexpr,
+    EMA_WIDTH: tl.constexpr,
+    ENG_BASE: tl.constexpr,
+    TAIL: tl.constexpr,
+    INT_WIDTH: tl.constexpr,
+    REPLICAS: tl.constexpr,
+    PART_WIDTH: tl.constexpr,
+    RB: tl.constexpr,
+    BINS: tl.constexpr,
+    CSHIFT: tl.constexpr,
+    FSHIFT: tl.constexpr,
+    UNDER: tl.constexpr,
+    HIST_OFFSET: tl.constexpr,
+    WINDOW_OFFSET: tl.constexpr,
+    PERIOD: tl.constexpr,
+    ZBLOCK: tl.constexpr,
+):
+    if STATS:
+        # --- load everything ----------------------------------------------------------------
+        # Lane i is (slot kind i // GP, group i % GP): kinds weight_bound, decay, l1, p99_w,
+        # p99_m, p99_v, in the slot EMA's order (kind * G + group).
+        i = tl.arange(0, 8 * GP)
+        kind = i // GP
+        g = i % GP
+        ok = (kind < 6) & (g < G)
+        row = ints + g * INT_WIDTH
+        flag = tl.load(flags + g, mask=ok, other=0)
+        # The scalar partials: reduced over the replicas per group, then spread to the lanes.
+        r_wu, r_ww, r_uu, r_au, r_l1w, r_eng, r_fin, r_max = _reduce_parts(
+            sums, parts, G, GR, REPLICAS, PART_WIDTH, RB
+        )
+        s_wu = _lanes(r_wu, g, ok, GR)
+        s_ww = _lanes(r_ww, g, ok, GR)
+        s_uu = _lanes(r_uu, g, ok, GR)
+        s_au = _lanes(r_au, g, ok, GR)
+        s_l1w = _lanes(r_l1w, g, ok, GR)
+        engaged = _lanes(r_eng, g, ok, GR)
+        max_w = _lanes(r_max, g, ok, GR).to(tl.float32, bitcast=True)
+        count = _lanes(r_fin, g, ok, GR)
+        lr = tl.load(lrs + g, mask=ok, other=0.0)
+        dfc = tl.load(deficit + g, mask=ok, other=0.0)
+        sv = _ptr(tab, TAIL + 4, tl.float32)
+        l1_slot = tl.load(sv + tl.load(slot_offsets + 2) + g, mask=ok, other=0.0)
+        qk = tl.where(kind == 4, 1, tl.where(kind == 5, 2, 0))
+        need = ok & ((kind == 0) | (kind >= 3))
+        q, nxt = _window_quantile(
+            row, sel + g * 3, qk, need, tl.load(consts + 0),
+            BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
+        )  # fmt: skip
+        eng = ok & (kind == 0)
+        e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12 = _ema_load(
+            tab, EMA_WIDTH, g, eng, K, KP
+        )
+        e_rate = tl.load(_ptr(tab, ENG_BASE + 0, tl.float32) + g, mask=eng, other=0.0)
+        e_max = tl.load(_ptr(tab, ENG_BASE + 1, tl.float32) + g, mask=eng, other=0.0)
+        e_z = tl.load(_ptr(tab, ENG_BASE + 2, tl.float32) + g, mask=eng, other=0.0)
+        e_k = tl.load(_ptr(tab, ENG_BASE + 3, tl.int64) + g, mask=eng, other=0)
+        e_n = tl.load(_ptr(tab, ENG_BASE + 4, tl.int64) + g, mask=eng, other=0)
+        slot = kind * G + g
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, slot, ok, K, KP)
+        tl.debug_barrier()  # every value above is read before anything below writes
+
+        # --- compute and store --------------------------------------------------------------
+        observed = ok & ((flag & 1) != 0)
+        clamp_on = observed & ((flag & 2) != 0)
+        auto_on = observed & ((flag & 4) != 0)
+        l1_on = observed & ((flag & 8) != 0)
+        # Engagement correction of the weight bound (EngagementCorrection.observe, .correct).
+        p = tl.load(consts + 1)
+        kf = engaged.to(tl.float64)
+        nf = count.to(tl.float64)
+        take_e = eng & (nf > 0) & clamp_on
+        frac = tl.where(take_e, kf / nf, float("nan")).to(tl.float32)
+        f = _ema_step(
+            tab, EMA_WIDTH, TAIL, g, eng, frac, take_e,
+            e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12,
+            K, KP, META, TINY, DOF_MAX,
+        ).to(tl.float64)  # fmt: skip
+        z = (f - p) / tl.sqrt(p * (1.0 - p) / tl.maximum(nf, 1.0))
+        stale = take_e & (z > tl.load(consts + 2))
+        rate = tl.where(stale, (f - p) / f, 0.0).to(tl.float32)
+        e_rate = tl.where(take_e, rate, e_rate)
+        e_max = tl.where(take_e & (tl.abs(max_w) < float("inf")), max_w, e_max)
+        e_z = tl.where(take_e, z.to(tl.float32), e_z)
+        e_k = e_k + tl.where(take_e, kf, 0.0).to(tl.int64)
+        e_n = e_n + tl.where(take_e, nf, 0.0).to(tl.int64)
+        tl.store(_ptr(tab, ENG_BASE + 0, tl.float32) + g, e_rate, mask=eng)
+        tl.store(_ptr(tab, ENG_BASE + 1, tl.float32) + g, e_max, mask=eng)
+        tl.store(_ptr(tab, ENG_BASE + 2, tl.float32) + g, e_z, mask=eng)
+        tl.store(_ptr(tab, ENG_BASE + 3, tl.int64) + g, e_k, mask=eng)
+        tl.store(_ptr(tab, ENG_BASE + 4, tl.int64) + g, e_n, mask=eng)
+        gap = e_max - q
+        gap = tl.where(gap < 0.0, 0.0, gap)
+        gap = tl.where(gap == gap, gap, 0.0)
+        bound_obs = q + e_rate * gap
+        # Decay: the rate that holds ||w|| in equilibrium, net of L1's own shrink.
+        l1_coef = tl.where(l1_slot > 0.0, l1_slot, 0.0)
+        ww = tl.where(s_ww < NORM_EPS, NORM_EPS, s_ww)
+        decay_obs = (-s_wu + 0.5 * lr * s_uu - l1_coef * s_l1w) / ww
+        l1_obs = dfc * s_au / count.to(tl.float32)
+        obs = tl.where(
+            kind == 0, bound_obs, tl.where(kind == 1, decay_obs, tl.where(kind == 2, l1_obs, q))
+        )
+        chosen = tl.where(
+            kind == 0, clamp_on, tl.where(kind == 1, auto_on, tl.where(kind == 2, l1_on, observed))
+        )
+        est = _ema_step(
+            tab, 0, TAIL, slot, ok, obs, chosen,
+            s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
+            K, KP, META, TINY, DOF_MAX,
+        )  # fmt: skip
+        tl.store(sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g, est, mask=ok)
+        tl.store(sel + g * 3 + (kind - 3), nxt, mask=ok & (kind >= 3))
+        # Zero the workspaces for the next step.
+        for start in range(0, G * INT_WIDTH, ZBLOCK):
+            zo = start + tl.arange(0, ZBLOCK)
+            tl.store(ints + zo, tl.zeros([ZBLOCK], tl.int32), mask=zo < G * INT_WIDTH)
+        for start in range(0, G * REPLICAS * PART_WIDTH, ZBLOCK):
+            zo = start + tl.arange(0, ZBLOCK)
+            zm = zo < G * REPLICAS * PART_WIDTH
+            tl.store(parts + zo, tl.zeros([ZBLOCK], tl.int32), mask=zm)
+        tl.store(deficit + g, float("nan"), mask=ok & (kind == 0))
+    # Step counters (the update read step + 1) and the sampling phase.
+    ph = tl.load(phase)
+    st = tl.arange(0, 128)
+    for start in range(0, num_steps, 128):
+        so = start + st
+        sp = tl.load(step_ptrs + so, mask=so < num_steps, other=0).to(tl.pointer_type(tl.float32))
+        tl.store(sp, tl.load(sp, mask=so < num_steps) + 1.0, mask=so < num_steps)
+    tl.store(phase, (ph + 1) % PERIOD)
+
+
+def finalize_triton(
+    table: torch.Tensor,
+    ints: torch.Tensor,
+    parts: torch.Tensor,
+    sel: torch.Tensor,
+    deficit: torch.Tensor,
+    lrs: torch.Tensor,
+    flags: torch.Tensor,
+    slot_offsets: torch.Tensor,
+    consts: torch.Tensor,
+    steps: PointerTable,
+    phase: torch.Tensor,
+    *,
+    stats: bool,
+    num_candidates: int,
+    meta_rate: float,
+    tiny: float,
+    dof_max: int,
+    norm_eps: float,
+) -> None:
+    """Launch the finalize of one step (one program; see the module docstring). ``parts``:
+    int32 ``[G, R, PART_WIDTH]``, ``R`` a power of two."""
+    num_groups = ints.shape[0]
+    replicas = parts.shape[1]
+    assert parts.dtype == torch.int32 and parts.shape == (num_groups, replicas, PART_WIDTH)
+    assert replicas & (replicas - 1) == 0 and parts.is_contiguous()
+    gp = triton.next_power_of_2(num_groups)
+    gr = max(gp, 2)  # no tile dimension of 1
+    _finalize_kernel[(1,)](
+        table, ints, parts.view(torch.float32), parts, sel, deficit, lrs, flags, slot_offsets,
+        consts, steps.ptrs, steps.count, phase, num_groups,
+        GP=gp, GR=gr, STATS=stats,
+        K=num_candidates, KP=triton.next_power_of_2(num_candidates),
+        META=meta_rate, TINY=tiny, DOF_MAX=dof_max, NORM_EPS=norm_eps,
+        EMA_WIDTH=EMA_WIDTH, ENG_BASE=ENG_BASE, TAIL=TABLE_TAIL,
+        INT_WIDTH=INT_WIDTH, REPLICAS=replicas, PART_WIDTH=PART_WIDTH,
+        RB=max(2, min(replicas, REDUCE_TILE // gr)), BINS=BINS,
+        CSHIFT=COARSE_SHIFT, FSHIFT=FINE_SHIFT, UNDER=INT_UNDER,
+        HIST_OFFSET=HIST_OFFSET, WINDOW_OFFSET=WINDOW_OFFSET,
+        PERIOD=PHASE_PERIOD, ZBLOCK=1024, num_warps=4,
+    )  # fmt: skip
+
+
+def parts_reference(parts: torch.Tensor) -> torch.Tensor:
+    """``[G, NUM_SUMS + 3]`` float32 from the ``parts`` workspace ``[G, R, PART_WIDTH]``, in the
+    reference row's order (``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, finite count, engagement
+    count, max ``|w|``): the torch reference of the finalize's reduction over the replicas."""
+    sums = parts[..., :NUM_SUMS].contiguous().view(torch.float32).sum(dim=1)
+    counts = parts[..., [PART_FINITE, PART_ENGAGED]].to(torch.int64).sum(dim=1)
+    max_bits = parts[..., PART_MAXBITS].amax(dim=1, keepdim=True)
+    return torch.cat([sums, counts.float(), max_bits.view(torch.float32)], dim=1)
+
+
+def window_quantiles_reference(
+    ints: torch.Tensor, sel: torch.Tensor, q: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(quantiles, next_sel)``, both ``[G, 3]`` (of |w|, |m|, |v|), from the workspace: the
+    torch reference of the finalize's quantile step (bounds in the module docstring).
+
+    The rank is ``ceil(n q)`` (float64, at least 1) of the ``n`` sampled finite elements; the
+    value is the lower edge of the window sub-bin holding it, or of its octave when it lies
+    outside the window; 0 (and no next window, -1) when nothing was sampled.
+    """
+    hist = ints[:, HIST_OFFSET:WINDOW_OFFSET].reshape(-1, 3, BINS).to(torch.int64)
+    win = ints[:, WINDOW_OFFSET:INT_WIDTH].reshape(-1, 3, BINS).to(torch.int64)
+    under = ints[:, INT_UNDER : INT_UNDER + 3].to(torch.int64)
+    base = sel.to(torch.int64)
+    cum = hist.cumsum(-1)
+    n = cum[..., -1]
+    rank = torch.ceil(n.double() * q).long().clamp(min=1)
+    chosen = torch.searchsorted(cum, rank.unsqueeze(-1)).squeeze(-1).clamp(max=BINS - 1)
+    within = rank - under
+    fcum = win.cumsum(-1)
+    in_win = (base >= 0) & (within >= 1) & (within <= fcum[..., -1])
+    fchosen = torch.searchsorted(fcum, within.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    bits = torch.where(in_win, base + (fchosen << FINE_SHIFT), chosen << COARSE_SHIFT)
+    value = bits.to(torch.int32).view(torch.float32)
+    value = torch.where(n > 0, value, torch.zeros_like(value))
+    centred = ((bits >> FINE_SHIFT) - BINS // 2).clamp(min=0) << FINE_SHIFT
+    nxt = torch.where(n > 0, torch.where(in_win, centred, chosen << COARSE_SHIFT), -1)
+    return value, nxt.to(sel.dtype)
