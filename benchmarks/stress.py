@@ -93,12 +93,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=400, help="gradient steps per fold")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="1 seed, a tiny market and net")
+    parser.add_argument(
+        "--markets",
+        nargs="+",
+        default=["default", "stress"],
+        choices=["default", "stress"],
+        help="run these markets only",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="also tabulate the rows of these earlier result files",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     seeds = 1 if args.quick else args.seeds
     steps = 10 if args.quick else args.steps
     rows = []
-    for stress in (False, True):
+    for stress in [m == "stress" for m in args.markets]:
         for mode in MODES:
             for seed in range(seeds):
                 rows.append(cell(seed, mode, stress, steps, args.device, args.quick))
@@ -106,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"{r['market']:8s} {mode:9s} seed {seed}: finite folds "
                       f"{r['folds_finite']}/{r['folds_total']} first fire {r['first_fire']} "
                       f"Sharpe {r['sharpe']}", flush=True)  # fmt: skip
+    for path in args.merge:
+        rows += json.loads(path.read_text())["rows"]
     print()
     print(table(rows))
     result = {"benchmark": "stress", **provenance(args.device), "seeds": seeds,
