@@ -142,3 +142,24 @@ def test_atom_positions_have_one_writer():
     assert agent_src.count("self.support_fn()") == len(calls)
     # and the adaptive support_fn reads its slot through the one read-with-floor helper
     assert 'self.state.read("target_bound", floor=SUPPORT_FLOOR)' in sources["stability.py"]
+
+
+def test_unset_trunk_bound_does_not_clamp_acting_forwards():
+    """Before a fold's first training step the trunk slot is unset: acting must see the trunk
+    unclamped (not clamped at the cold-start floor)."""
+    from trimtab.lifecycle import Lifecycle
+    from trimtab.rl.agent import DQNAgent
+    from trimtab.rl.stability import Stability
+
+    cfg = tiny(Path("unused"))
+    with Lifecycle():
+        stab = Stability(cfg, n_branches=2, device=torch.device("cpu"))
+        agent = DQNAgent(5, [3, 3], cfg.agent, optimizer_factory=stab.optimizer_factory,
+                         support_fn=stab.support_fn)  # fmt: skip
+        stab.attach(agent)
+    obs = torch.randn(8, 5) * 10
+    with torch.no_grad():
+        hooked = agent.online(obs).logits
+        agent.online.trunk_hook = None
+        plain = agent.online(obs).logits
+    assert torch.equal(hooked, plain)

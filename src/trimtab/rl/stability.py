@@ -386,8 +386,9 @@ class _TrunkGuard(torch.autograd.Function):
         # back-propagated); acting and next-state forwards read it as it stands.
         if h.requires_grad:
             bound = stab._produce(1, "trunk_bound", y)
-        else:
-            bound = stab.state.read("trunk_bound", floor=SUPPORT_FLOOR)
+        else:  # unset (a fold's first steps): no clamp, not a clamp at the cold-start floor
+            v = stab.state["trunk_bound"]
+            bound = torch.where(torch.isnan(v), v, stab.state.read("trunk_bound", SUPPORT_FLOOR))
         stab._consume(1, "trunk", y, bound)
         ctx.save_for_backward(y == h)
         ctx.stab = stab
