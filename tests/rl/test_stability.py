@@ -163,3 +163,38 @@ def test_unset_trunk_bound_does_not_clamp_acting_forwards():
         agent.online.trunk_hook = None
         plain = agent.online(obs).logits
     assert torch.equal(hooked, plain)
+
+
+def test_bounds_stay_positive_after_a_tenfold_drop():
+    """p99 magnitudes are folded on a log scale: the trend filters cannot extrapolate a sharp
+    drop below zero (a negative bound made every value fire the sentinel)."""
+    from trimtab.estimate import AdaptiveEMA
+    from trimtab.rl.stability import _fold_log
+
+    ema, mask = AdaptiveEMA(1), torch.ones(1, dtype=torch.bool)
+    g = torch.Generator().manual_seed(0)
+    noise = 1 + 0.05 * torch.randn(60, 1, generator=g)
+    values = [2.3 * n for n in noise[:20]] + [0.24 * n for n in noise[20:]]
+    out = [_fold_log(ema, v, mask) for v in values]
+    assert all(float(o) > 0 for o in out) and abs(float(out[-1]) - 0.24) < 0.05
+
+
+def test_norm_gains_keep_their_own_bound():
+    """LayerNorm gains (1.0 at init) are not clamped to the weight matrices' p99 bound."""
+    from trimtab.lifecycle import Lifecycle
+    from trimtab.rl.agent import DQNAgent
+    from trimtab.rl.stability import Stability
+
+    cfg = tiny(Path("unused"))
+    with Lifecycle():
+        stab = Stability(cfg, n_branches=2, device=torch.device("cpu"))
+        agent = DQNAgent(5, [3, 3], cfg.agent, optimizer_factory=stab.optimizer_factory,
+                         support_fn=stab.support_fn)  # fmt: skip
+        stab.attach(agent)
+    batch = {"obs": torch.randn(16, 5), "action": torch.randint(0, 3, (16, 2)),
+             "reward": torch.randn(16), "next_obs": torch.randn(16, 5),
+             "discount": torch.full((16,), 0.9)}  # fmt: skip
+    for _ in range(3):
+        agent.update(batch)
+    gains = [p for n, p in agent.online.named_parameters() if p.ndim == 1 and "trunk" in n]
+    assert gains and max(float(g.abs().max()) for g in gains) > 0.5

@@ -62,7 +62,8 @@ def evaluate_checkpoint(
         AgentConfig.from_dict(agent_state["config"]),
         device,
     )
-    agent.load_state_dict(agent_state)
+    # evaluation needs the networks only; the training optimizer's groups are not rebuilt here
+    agent.load_state_dict({**agent_state, "optimizer": agent.optimizer.state_dict()})
     v = state["stability"]["state"]["values"]
     bound = float(v[0]) if cfg.run.stability == "adaptive" and np.isfinite(float(v[0])) else None
     if bound is not None:  # the adaptive support the agent ended with

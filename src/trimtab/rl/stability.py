@@ -69,7 +69,7 @@ class Stability(StepGuard):
                 Slot("target_bound", doc="p99 |Bellman target| (IQN samples): support and clamp"),
                 Slot("trunk_bound", doc="p99 |trunk output|: activation clamp"),
                 *(Slot(f"{n}_scale", doc=f"p99 |{n}|: sentinel threshold") for n in _WATCHED),
-                *adam_slots(1, prefix="adam"),
+                *adam_slots(2, prefix="adam"),  # groups: matrices, then vectors
                 Slot("grad_clip_bound", doc="gradient-norm clip bound"),
             ],
             device=device,
@@ -111,12 +111,20 @@ class Stability(StepGuard):
 
     def optimizer_factory(self, params: Any, lr: float) -> torch.optim.Optimizer:
         """Every network with parameters steps with this (invariant 5: one implementation)."""
+        params = list(params)
+        # Two groups, each with its own measured bounds: weight matrices, and vectors (biases,
+        # LayerNorm gains). One group-wide p99 bound clamped the LayerNorm gains (all 1.0 at
+        # init) to the matrices' p99 (~0.15) and shrank the trunk 7x in one step; vectors get
+        # no decay, as is standard for biases and norm gains.
+        groups = [{"params": [p for p in params if p.ndim >= 2]},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
         if self.mode == "adaptive":
             decay: float | str = "auto" if self.on["decay"] else 0.0
-            return Adam(params, lr=lr, weight_decay=decay, weight_clamp=self.on["weight_clamp"],
+            groups[0]["weight_decay"] = decay
+            return Adam(groups, lr=lr, weight_clamp=self.on["weight_clamp"],
                         state_vector=self.state, capturable=True)  # fmt: skip
         if self.mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is in after_step
-            return Adam(params, lr=lr, weight_decay=0.0, weight_clamp=False,
+            return Adam(groups, lr=lr, weight_decay=0.0, weight_clamp=False,
                         state_vector=self.state, capturable=True)  # fmt: skip
         return torch.optim.Adam(params, lr=lr)
 
@@ -136,11 +144,14 @@ class Stability(StepGuard):
             "trunk": self.on["trunk_clamp"],
         }
 
-        def above(slot: str) -> Rule:
-            return Rule.above(self.state[slot], factor=EXCURSION_FACTOR, name=slot)
+        def view(slot: str, i: int | None) -> Tensor:
+            return self.state[slot] if i is None else self.state[slot][i]
 
-        def above_sq(slot: str) -> Rule:  # a squared quantity (Adam's v): the factor squared
-            return Rule.above(self.state[slot], factor=EXCURSION_FACTOR**2, name=slot)
+        def above(slot: str, i: int | None = None) -> Rule:
+            return Rule.above(view(slot, i), factor=EXCURSION_FACTOR, name=slot)
+
+        def above_sq(slot: str, i: int | None = None) -> Rule:  # Adam's v: the factor squared
+            return Rule.above(view(slot, i), factor=EXCURSION_FACTOR**2, name=slot)
 
         s.add("obs", lambda: self._latest.get("obs"), above("obs_scale"), phase="forward")
         s.add("logits", lambda: self._latest.get("logits"), above("logits_scale"), phase="forward")
@@ -159,9 +170,10 @@ class Stability(StepGuard):
             source = None if self.policy == "sanitize" else (lambda p=p: p.grad)
             s.add(f"grad.{name}", source, above("grad_clip_bound"), phase="backward")
         for name, p in agent.online.named_parameters():
-            s.add(f"weight.{name}", p, above("adam_weight_bound"), phase="optimizer")
-            moments = (("adam_m", "exp_avg", above("adam_p99_m")),
-                       ("adam_v", "exp_avg_sq", above_sq("adam_p99_v")))  # fmt: skip
+            g = 0 if p.ndim >= 2 else 1  # the optimizer group, and so the slot element
+            s.add(f"weight.{name}", p, above("adam_weight_bound", g), phase="optimizer")
+            moments = (("adam_m", "exp_avg", above("adam_p99_m", g)),
+                       ("adam_v", "exp_avg_sq", above_sq("adam_p99_v", g)))  # fmt: skip
             for moment, key, rule in moments:
                 source = lambda p=p, k=key: opt.state.get(p, {}).get(k)  # noqa: E731
                 s.add(f"{moment}.{name}", source, rule, phase="optimizer")
@@ -213,7 +225,7 @@ class Stability(StepGuard):
             self._watch_masks[key] = torch.tensor(
                 [n in values for n in _WATCHED], device=self.device
             )
-        est = self.watch_ema.update(obs, self._watch_masks[key])
+        est = _fold_log(self.watch_ema, obs, self._watch_masks[key])
         for n in names:
             self.state[f"{n}_scale"].copy_(est[_WATCHED.index(n)])
 
@@ -230,7 +242,7 @@ class Stability(StepGuard):
         """Measure p99 |x| (before any clamp), raise it by the engagement correction, fold it
         into the slot; return the bound a consumer reads."""
         obs = self.engagement.correct(abs_quantile(x, Q).reshape(1).expand(len(_CONSUMERS)))
-        self.state[slot].copy_(self.ema.update(obs, self._masks[c])[c])
+        self.state[slot].copy_(_fold_log(self.ema, obs, self._masks[c])[c])
         finite_abs = torch.where(torch.isfinite(x), x.abs(), 0.0)
         self._step_max[c] = finite_abs.amax().float()
         self._step_seen[c].fill_(x.numel())  # fill_: a kernel argument, not a host copy
@@ -332,7 +344,8 @@ class Stability(StepGuard):
         out = {
             "bound/support": self.support_fn()[1].mean(),
             "bound/trunk": self.state["trunk_bound"],
-            "bound/adam_weight": self.state["adam_weight_bound"],
+            "bound/adam_weight": self.state["adam_weight_bound"][0],
+            "bound/adam_weight_vectors": self.state["adam_weight_bound"][1],
             "bound/grad_clip": self.state["grad_clip_bound"],
             "engaged/target_clamp": rates[0],
             "engaged/trunk_clamp": rates[1],
@@ -370,6 +383,18 @@ class Stability(StepGuard):
         self.engagement.load_state_dict(state["engagement"])
         if self.clip is not None:
             self.clip.load_state_dict(state["clip"])
+
+
+def _fold_log(ema: AdaptiveEMA, obs: Tensor, mask: Tensor) -> Tensor:
+    """Fold magnitudes into ``ema`` on a log scale and return them on the linear scale.
+
+    A p99 of |x| is a positive scale that moves by factors, not increments; tracked linearly,
+    the estimator's trend filters extrapolated a 10x drop below zero (a negative bound, seen on
+    the default run). In log space the estimate is positive by construction and a factor-10
+    move is one step of size log 10 whatever the scale. A zero observation (log 0 = -inf) is
+    non-finite and is skipped, as the estimator skips every non-finite observation.
+    """
+    return torch.exp(ema.update(torch.log(obs), mask))
 
 
 class _TrunkGuard(torch.autograd.Function):
