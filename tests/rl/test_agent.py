@@ -19,16 +19,6 @@ SMALL = AgentConfig(
 )  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # These nets are tiny: on a shared 2-core machine, intra-op threads only add contention
-    # (an update took 40x longer with 2 busy threads than with 1).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _batch(obs_dim=3, branches=2, n=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     return {

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_helpers import random_batch, wired_agent
 
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import from_dict
@@ -28,14 +29,6 @@ TINY = {
 
 def tiny(out: Path, **run: object) -> TrainConfig:
     return from_dict(TrainConfig, {**TINY, "run": {**TINY["run"], "out": str(out), **run}})
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _slots(tmp_path: Path) -> list[dict]:
@@ -80,19 +73,8 @@ def test_sanitize_continues_with_finite_weights(tmp_path):
 
 
 def test_skip_leaves_weights_and_moments_untouched():
-    from trimtab.lifecycle import Lifecycle
-    from trimtab.rl.agent import DQNAgent
-    from trimtab.rl.stability import Stability
-
-    cfg = tiny(Path("unused"), on_nonfinite="skip")
-    with Lifecycle():
-        stab = Stability(cfg, n_branches=2, device=torch.device("cpu"))
-        agent = DQNAgent(5, [3, 3], cfg.agent, optimizer_factory=stab.optimizer_factory,
-                         support_fn=stab.support_fn)  # fmt: skip
-        stab.attach(agent)
-    batch = {"obs": torch.randn(16, 5), "action": torch.randint(0, 3, (16, 2)),
-             "reward": torch.randn(16), "next_obs": torch.randn(16, 5),
-             "discount": torch.full((16,), 0.9)}  # fmt: skip
+    stab, agent = wired_agent(tiny(Path("unused"), on_nonfinite="skip"))
+    batch = random_batch()
     agent.update(batch)  # moments exist
     opt = agent.optimizer
     params = list(agent.online.parameters())
@@ -147,16 +129,7 @@ def test_atom_positions_have_one_writer():
 def test_unset_trunk_bound_does_not_clamp_acting_forwards():
     """Before a fold's first training step the trunk slot is unset: acting must see the trunk
     unclamped (not clamped at the cold-start floor)."""
-    from trimtab.lifecycle import Lifecycle
-    from trimtab.rl.agent import DQNAgent
-    from trimtab.rl.stability import Stability
-
-    cfg = tiny(Path("unused"))
-    with Lifecycle():
-        stab = Stability(cfg, n_branches=2, device=torch.device("cpu"))
-        agent = DQNAgent(5, [3, 3], cfg.agent, optimizer_factory=stab.optimizer_factory,
-                         support_fn=stab.support_fn)  # fmt: skip
-        stab.attach(agent)
+    _, agent = wired_agent(tiny(Path("unused")))
     obs = torch.randn(8, 5) * 10
     with torch.no_grad():
         hooked = agent.online(obs).logits
@@ -181,19 +154,8 @@ def test_bounds_stay_positive_after_a_tenfold_drop():
 
 def test_norm_gains_keep_their_own_bound():
     """LayerNorm gains (1.0 at init) are not clamped to the weight matrices' p99 bound."""
-    from trimtab.lifecycle import Lifecycle
-    from trimtab.rl.agent import DQNAgent
-    from trimtab.rl.stability import Stability
-
-    cfg = tiny(Path("unused"))
-    with Lifecycle():
-        stab = Stability(cfg, n_branches=2, device=torch.device("cpu"))
-        agent = DQNAgent(5, [3, 3], cfg.agent, optimizer_factory=stab.optimizer_factory,
-                         support_fn=stab.support_fn)  # fmt: skip
-        stab.attach(agent)
-    batch = {"obs": torch.randn(16, 5), "action": torch.randint(0, 3, (16, 2)),
-             "reward": torch.randn(16), "next_obs": torch.randn(16, 5),
-             "discount": torch.full((16,), 0.9)}  # fmt: skip
+    _, agent = wired_agent(tiny(Path("unused")))
+    batch = random_batch()
     for _ in range(3):
         agent.update(batch)
     gains = [p for n, p in agent.online.named_parameters() if p.ndim == 1 and "trunk" in n]

@@ -29,14 +29,6 @@ def tiny(out: Path, **run: object) -> TrainConfig:
     return cfg
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_tiny_run_writes_every_output(tmp_path):
     out = tmp_path / "run"
     summary = train(tiny(out))
