@@ -9,7 +9,6 @@ Stability hooks (adaptive support, target clamp, clip, sentinel) are marked ``# 
 from __future__ import annotations
 
 import csv
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -407,7 +406,3 @@ def format_fold_table(summary: dict[str, Any]) -> str:
         for r in summary["folds"]
     ]
     return "\n".join([head, *rows])
-
-
-def load_summary(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "summary.json").read_text())

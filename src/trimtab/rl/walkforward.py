@@ -63,21 +63,21 @@ def load_market(cfg: TrainConfig) -> MarketSet:
     feats = compute_features(data)[WARMUP:]
     rets = data.log_returns()[WARMUP:]
     data = data.slice(WARMUP, None)
-    need = minimum_days(cfg)
+    window = minimum_window(cfg)
+    need = (cfg.walkforward.folds + 1) * window
     if data.n_days < need:
         raise DataError(
             f"{data.source}: {data.n_days} usable days after the {WARMUP}-day feature warm-up, "
             f"but {cfg.walkforward.folds} folds need at least {need} "
-            f"({cfg.walkforward.folds + 1} windows of at least "
-            f"{max(cfg.env.episode_days + 2, cfg.walkforward.window_days)} days). "
+            f"({cfg.walkforward.folds + 1} windows of at least {window} days). "
             "Give more data, fewer --folds, or a shorter env.episode_days."
         )
     return MarketSet(data=data, features=feats.astype(np.float32), log_returns=rets)
 
 
-def minimum_days(cfg: TrainConfig) -> int:
-    window = max(cfg.env.episode_days + 2, cfg.walkforward.window_days)
-    return (cfg.walkforward.folds + 1) * window
+def minimum_window(cfg: TrainConfig) -> int:
+    """The fewest days a walk-forward window may have: one training episode plus two days."""
+    return max(cfg.env.episode_days + 2, cfg.walkforward.window_days)
 
 
 def make_folds(n_days: int, cfg: TrainConfig) -> list[Fold]:
