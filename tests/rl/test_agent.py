@@ -82,8 +82,9 @@ def test_learns_two_state_mdp_by_bootstrapping():
 def _hand_set(net, adv_bias):
     """Make the C51 logits ignore the input: zero the value stream and advantage weights."""
     with torch.no_grad():
-        net.c51_head.value[-1].weight.zero_()
-        net.c51_head.value[-1].bias.zero_()
+        if net.c51_head.value is not None:
+            net.c51_head.value[-1].weight.zero_()
+            net.c51_head.value[-1].bias.zero_()
         net.c51_head.adv_out.weight.zero_()
         net.c51_head.adv_out.bias.copy_(adv_bias.reshape(1, -1))
 
@@ -104,6 +105,40 @@ def test_double_dqn_selects_with_online_and_evaluates_with_target():
         p = torch.softmax(agent.target(batch["next_obs"]).logits[:, 0], dim=-1)  # [B, A, N]
     torch.testing.assert_close(info["target_mean"], (p[:, 1] * z).sum(-1).mean())
     assert (p[:, 0] * z).sum(-1).mean() > info["target_mean"] + 1.0
+
+
+@pytest.mark.parametrize("dueling", [True, False])
+def test_without_double_dqn_the_target_net_selects(dueling):
+    cfg = dataclasses.replace(
+        SMALL, n_atoms=5, v_min=-2.0, v_max=2.0, iqn_weight=0.0, double_dqn=False, dueling=dueling
+    )
+    agent = DQNAgent(3, [3], cfg)
+    high, mid, low = (torch.nn.functional.one_hot(torch.tensor(i), 5) * 8.0 for i in (4, 2, 0))
+    _hand_set(agent.online, torch.stack([low, high, low]))  # online alone would pick action 1
+    _hand_set(agent.target, torch.stack([high, mid, low]))  # the target net prefers action 0
+    batch = _batch(obs_dim=3, branches=1)
+    batch["reward"].zero_()
+    batch["discount"].fill_(1.0)
+    _, info = agent.compute_loss(batch)
+    assert (info["next_action"] == 0).all()
+    z = torch.linspace(-2.0, 2.0, 5)
+    with torch.no_grad():
+        p = torch.softmax(agent.target(batch["next_obs"]).logits[:, 0], dim=-1)
+    torch.testing.assert_close(info["target_mean"], (p[:, 0] * z).sum(-1).mean())
+
+
+def test_adam_eps_reaches_the_optimizer():
+    seen = {}
+
+    def factory(params, lr, eps):
+        seen.update(lr=lr, eps=eps)
+        return torch.optim.Adam(params, lr=lr, eps=eps)
+
+    agent = DQNAgent(
+        3, [2], dataclasses.replace(SMALL, adam_eps=0.01 / 128), optimizer_factory=factory
+    )
+    assert seen == {"lr": SMALL.lr, "eps": 0.01 / 128}
+    assert agent.optimizer.param_groups[0]["eps"] == 0.01 / 128
 
 
 def test_target_sync_periodic_and_manual():
@@ -235,6 +270,10 @@ def test_load_refuses_another_config():
         ({"eps_end": -0.1}, "eps_end"),
         ({"trunk": "conv"}, "trunk"),
         ({"kappa": -1.0}, "kappa"),
+        ({"adam_eps": 0.0}, "adam_eps"),
+        ({"trunk": "MLP"}, "'layernorm', 'mlp' or 'gated'"),
+        ({"dueling": "no"}, "dueling"),
+        ({"double_dqn": 1}, "double_dqn"),
     ],
 )
 def test_config_validation(change, pattern):

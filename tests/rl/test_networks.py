@@ -17,10 +17,11 @@ def _net(branch_sizes, **kw):
     return BranchingQNetwork(5, branch_sizes, hidden=16, depth=2, n_atoms=7, iqn_embed=8, **kw)
 
 
-@pytest.mark.parametrize("trunk", ["layernorm", "gated"])
+@pytest.mark.parametrize("dueling", [True, False])
+@pytest.mark.parametrize("trunk", ["layernorm", "mlp", "gated"])
 @pytest.mark.parametrize("branch_sizes", [[2], [3, 3, 3, 3], [2, 5]])
-def test_output_shapes(branch_sizes, trunk):
-    net = _net(branch_sizes, trunk=trunk)
+def test_output_shapes(branch_sizes, trunk, dueling):
+    net = _net(branch_sizes, trunk=trunk, dueling=dueling)
     d, a = len(branch_sizes), max(branch_sizes)
     obs = torch.randn(4, 5)
     out = net(obs)
@@ -111,3 +112,38 @@ def test_bad_arguments(kwargs, pattern):
     args = {"obs_dim": 5, "branch_sizes": [2], "hidden": 8, **kwargs}
     with pytest.raises(ValueError, match=pattern):
         BranchingQNetwork(**args)
+
+
+def test_mlp_trunk_is_linear_relu_without_normalisation():
+    net = _net([2], trunk="mlp")
+    kinds = [type(m) for m in net.trunk]
+    assert kinds == [torch.nn.Linear, torch.nn.ReLU, torch.nn.Linear, torch.nn.ReLU]
+    obs = torch.randn(4, 5)
+    h = obs
+    for m in net.trunk:
+        h = m(h)
+    torch.testing.assert_close(net.features(obs), h)
+    # no LayerNorm: scaling the first layer and every bias scales the features (ReLU is
+    # positively homogeneous), which a normalised trunk would undo
+    with torch.no_grad():
+        for p in (net.trunk[0].weight, net.trunk[0].bias, net.trunk[2].bias):
+            p.mul_(3.0)
+    torch.testing.assert_close(net.features(obs), 3.0 * h)
+
+
+def test_without_dueling_each_branch_is_one_plain_mlp():
+    # CleanRL's C51 network for one branch: trunk -> Linear-ReLU-Linear to actions x atoms
+    net = _net([3, 2], trunk="mlp", dueling=False, head_hidden=6)
+    head = net.c51_head
+    assert head.value is None and not any("value" in k for k in net.state_dict())
+    x = torch.randn(4, 5)
+    h = net.features(x)
+    out = net(x).logits  # [4, 2, 3, 7]
+    for d in range(2):
+        hidden = torch.relu(h @ head.adv_hidden.weight[d] + head.adv_hidden.bias[d])
+        expected = (hidden @ head.adv_out.weight[d] + head.adv_out.bias[d]).reshape(4, 3, 7)
+        torch.testing.assert_close(out[:, d], expected)
+    # no shared value stream: the per-branch means over valid actions differ
+    mask = net.action_mask.float()[None, :, :, None]
+    means = (out * mask).sum(2) / mask.sum(2)
+    assert not torch.allclose(means[:, 0], means[:, 1])

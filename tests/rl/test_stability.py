@@ -7,6 +7,7 @@ import ast
 import json
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,32 @@ def test_norm_gains_keep_their_own_bound():
         agent.update(batch)
     gains = [p for n, p in agent.online.named_parameters() if p.ndim == 1 and "trunk" in n]
     assert gains and max(float(g.abs().max()) for g in gains) > 0.5
+
+
+@pytest.mark.parametrize("mode", ["off", "fixed"])
+def test_fixed_supports_are_the_agents_configured_support(mode):
+    """``off`` and ``fixed`` use [v_min, v_max] from the config: a hard-wired ±10 capped every
+    CartPole value (up to 100) at 10 whatever the config said."""
+    cfg = tiny(Path("unused"), stability=mode)
+    cfg = replace(cfg, agent=replace(cfg.agent, v_min=-100.0, v_max=50.0))
+    stab, agent = wired_agent(cfg)
+    v_min, v_max = stab.support_fn()
+    assert v_min.tolist() == [-100.0, -100.0] and v_max.tolist() == [50.0, 50.0]
+    batch = random_batch()
+    batch["reward"].fill_(80.0)  # T z = 80 + 0.9 z: beyond ±10, inside the configured support
+    _, info = agent.compute_loss(batch)
+    assert float(info["target_mean"]) > 20.0  # a ±10 support would cap it at 10
+
+
+def test_adaptive_support_grows_without_the_iqn_loss():
+    """With ``iqn_weight = 0`` the scalar C51 targets feed the support slot (before, nothing
+    did and the support stayed at its ±1e-3 floor)."""
+    cfg = tiny(Path("unused"))
+    cfg = replace(cfg, agent=replace(cfg.agent, iqn_weight=0.0))
+    stab, agent = wired_agent(cfg)
+    batch = random_batch()
+    batch["reward"].fill_(5.0)
+    for _ in range(5):
+        agent.update(batch)
+    v_min, v_max = stab.support_fn()
+    assert float(v_max.min()) > 4.0 and torch.equal(v_min, -v_max)

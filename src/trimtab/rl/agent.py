@@ -1,5 +1,6 @@
-"""The learning agent: branching dueling C51 with an IQN auxiliary loss, Double-DQN targets,
-n-step returns, a hard-synced target network and ε-greedy exploration. No host syncs per step.
+"""The learning agent: branching (dueling) C51 with an IQN auxiliary loss, Double-DQN (or
+target-argmax) targets, n-step returns, a hard-synced target network and ε-greedy exploration.
+No host syncs per step.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ class StepGuard:
     """
 
     def targets(self, x: Tensor, kind: str) -> Tensor:
-        """Bellman targets before use: ``kind`` is ``"c51"`` (``T z``) or ``"iqn"``."""
+        """Bellman targets before use: ``kind`` is ``"c51"`` (``T z``), ``"iqn"``, or ``"q"``
+        (the scalar ``G + γ^k Σ_j p_j z_j``, shown only when there is no IQN loss, so that a
+        guard that sizes the support from targets still sees them; its return is unused)."""
         return x
 
     def after_forward(self, loss: Tensor, info: dict[str, Tensor]) -> None:
@@ -54,6 +57,7 @@ class AgentConfig:
     gamma: float = 0.99  # discount per env step
     n_step: int = 3  # steps summed before bootstrapping
     lr: float = 1e-4  # passed to optimizer_factory as lr=
+    adam_eps: float = 1e-8  # passed to optimizer_factory as eps= (CleanRL's C51: 0.01/batch)
     batch_size: int = 64
     target_update_period: int = 1000  # updates between hard target syncs
     eps_start: float = 1.0  # ε-greedy: linear from eps_start to eps_end ...
@@ -69,7 +73,11 @@ class AgentConfig:
     hidden: int = 256  # trunk width
     depth: int = 2  # trunk layers, or gated residual blocks after one Linear
     head_hidden: int | None = None  # width of the value/advantage streams; None = hidden
-    trunk: str = "layernorm"  # "layernorm" or "gated"
+    trunk: str = "layernorm"  # "layernorm", "mlp" (no normalisation) or "gated"
+    dueling: bool = True  # value + advantage streams; False = one plain MLP head per branch
+    # True: the online net picks the next action, the target net evaluates it (Double DQN);
+    # False: the target net does both (Bellemare et al.'s C51, CleanRL's c51.py)
+    double_dqn: bool = True
     iqn_embed: int = 64  # cosine features of τ
     replay_capacity: int = 100_000
     prioritized: bool = False
@@ -95,8 +103,13 @@ class AgentConfig:
             bad.append(f"eps_start={self.eps_start}, eps_end={self.eps_end} not in [0, 1]")
         if self.lr <= 0 or self.iqn_weight < 0 or self.kappa < 0:
             bad.append(f"need lr > 0, iqn_weight >= 0, kappa >= 0: {self.lr=}, {self.kappa=}")
-        if self.trunk not in ("layernorm", "gated"):
-            bad.append(f"trunk={self.trunk!r} is not 'layernorm' or 'gated'")
+        if not self.adam_eps > 0:
+            bad.append(f"adam_eps={self.adam_eps} must be > 0 (it keeps Adam's divisor positive)")
+        if self.trunk not in ("layernorm", "mlp", "gated"):
+            bad.append(f"trunk={self.trunk!r} is not 'layernorm', 'mlp' or 'gated'")
+        for name in ("dueling", "double_dqn", "prioritized"):
+            if not isinstance(getattr(self, name), bool):
+                bad.append(f"{name}={getattr(self, name)!r} must be true or false")
         if bad:
             raise ValueError("invalid AgentConfig: " + "; ".join(bad))
 
@@ -127,7 +140,7 @@ class DQNAgent:
     For a transition ``(x, a, G, x', γ^k)`` from the replay buffer, per branch ``d``:
 
     1. ``a*_d = argmax_a Σ_i z_i p_i(x', a; θ)``  (Double DQN: the online net selects,
-       van Hasselt et al. 2016)
+       van Hasselt et al. 2016); with ``double_dqn=False``, ``θ⁻`` selects (C51's own rule)
     2. ``T z_j = G + γ^k z_j``, then ``target_transform``; every branch uses the shared reward
        and its own next action (Branching DQN's independent per-branch targets, Tavakoli 2018)
     3. ``m = Φ(T z, p(x', a*_d; θ⁻))``  (C51 projection, Bellemare et al. 2017)
@@ -163,7 +176,7 @@ class DQNAgent:
             self.target = self._make_network().to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = optimizer_factory(self.online.parameters(), lr=cfg.lr)
+        self.optimizer = optimizer_factory(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(cfg.seed)
         d = len(self.branch_sizes)
@@ -182,7 +195,7 @@ class DQNAgent:
         return BranchingQNetwork(
             self.obs_dim, self.branch_sizes, hidden=cfg.hidden, depth=cfg.depth,
             n_atoms=cfg.n_atoms, iqn_embed=cfg.iqn_embed, head_hidden=cfg.head_hidden,
-            trunk=cfg.trunk,  # type: ignore[arg-type]
+            trunk=cfg.trunk, dueling=cfg.dueling,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def fixed_support(self) -> tuple[Tensor, Tensor]:
@@ -233,13 +246,17 @@ class DQNAgent:
         online = self.online(obs)
         logits = _logits_at(online.logits, action)  # [B, D, N]
         with torch.no_grad():
-            # Double DQN: the online network selects a*, the target network evaluates it.
-            next_online = self.online(next_obs)
-            next_action = self.online.q_values(next_online.logits, z).argmax(dim=-1)  # [B, D]
+            # Double DQN: the online network selects a*, the target network evaluates it;
+            # without it the target network does both.
             next_target = self.target(next_obs)
+            selector = self.online(next_obs).logits if cfg.double_dqn else next_target.logits
+            next_action = self.online.q_values(selector, z).argmax(dim=-1)  # [B, D]
             next_probs = torch.softmax(_logits_at(next_target.logits, next_action), dim=-1)
             tz = self.guard.targets(reward + discount * z, "c51")  # [B, D, N]  (stability)
             target_probs = c51_projection(tz, next_probs, v_min, v_max)
+            if cfg.iqn_weight == 0:  # no IQN samples: the guard measures the scalar targets
+                q_next = (next_probs * z).sum(dim=-1)  # [B, D]
+                self.guard.targets(reward.view(n, 1) + discount.view(n, 1) * q_next, "q")
         c51 = c51_loss(logits, target_probs).mean(dim=-1)  # [B], averaged over branches
 
         if cfg.iqn_weight > 0:

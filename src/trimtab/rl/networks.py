@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 __all__ = ["BranchOutput", "BranchingQNetwork", "expected_q"]
 
-TrunkKind = Literal["layernorm", "gated"]
+TrunkKind = Literal["layernorm", "mlp", "gated"]
 
 
 class BranchOutput(NamedTuple):
@@ -64,17 +64,18 @@ class _GatedResidualBlock(nn.Module):
 
 
 def _make_trunk(obs_dim: int, hidden: int, depth: int, kind: TrunkKind) -> nn.Sequential:
-    if kind == "layernorm":
+    if kind in ("layernorm", "mlp"):
         layers: list[nn.Module] = []
         width = obs_dim
         for _ in range(depth):
-            layers += [nn.Linear(width, hidden), nn.LayerNorm(hidden), nn.ReLU()]
+            norm = [nn.LayerNorm(hidden)] if kind == "layernorm" else []
+            layers += [nn.Linear(width, hidden), *norm, nn.ReLU()]
             width = hidden
         return nn.Sequential(*layers)
     if kind == "gated":
         blocks = [_GatedResidualBlock(hidden) for _ in range(depth)]
         return nn.Sequential(nn.Linear(obs_dim, hidden), *blocks)
-    raise ValueError(f"unknown trunk {kind!r}; expected 'layernorm' or 'gated'")
+    raise ValueError(f"unknown trunk {kind!r}; expected 'layernorm', 'mlp' or 'gated'")
 
 
 class _DuelingBranchHead(nn.Module):
@@ -82,16 +83,28 @@ class _DuelingBranchHead(nn.Module):
 
     ``out_d(x, a) = V(x) + A_d(x, a) − mean_{a' valid} A_d(x, a')``, per output unit (an atom's
     logit for C51, a quantile value for IQN). Input ``[..., hidden]``; output
-    ``[..., D, A_max, out]``.
+    ``[..., D, A_max, out]``. With ``dueling=False`` there is no value stream and no mean:
+    ``out_d(x, a) = A_d(x, a)``, one plain MLP per branch (CleanRL's C51 head for one branch).
     """
 
-    def __init__(self, hidden: int, head_hidden: int, branch_sizes: Sequence[int], out: int):
+    value: nn.Module | None
+
+    def __init__(
+        self,
+        hidden: int,
+        head_hidden: int,
+        branch_sizes: Sequence[int],
+        out: int,
+        dueling: bool = True,
+    ) -> None:
         super().__init__()
         n_branches, max_actions = len(branch_sizes), max(branch_sizes)
         self.shape = (n_branches, max_actions, out)
-        self.value = nn.Sequential(
-            nn.Linear(hidden, head_hidden), nn.ReLU(), nn.Linear(head_hidden, out)
-        )
+        self.value = None
+        if dueling:
+            self.value = nn.Sequential(
+                nn.Linear(hidden, head_hidden), nn.ReLU(), nn.Linear(head_hidden, out)
+            )
         self.adv_hidden = _BranchLinear(n_branches, hidden, head_hidden)
         self.adv_out = _BranchLinear(n_branches, head_hidden, max_actions * out)
         mask = torch.arange(max_actions) < torch.tensor(list(branch_sizes)).unsqueeze(1)
@@ -101,10 +114,12 @@ class _DuelingBranchHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         n_branches, max_actions, out = self.shape
-        value = self.value(x)  # [..., out]
         per_branch = x.unsqueeze(-2).expand(*x.shape[:-1], n_branches, x.shape[-1])
         adv = self.adv_out(torch.relu(self.adv_hidden(per_branch)))
         adv = adv.reshape(*x.shape[:-1], n_branches, max_actions, out)
+        if self.value is None:
+            return adv
+        value = self.value(x)  # [..., out]
         adv_mean = (adv * self.action_weight).sum(dim=-2, keepdim=True) / self.n_valid.view(
             n_branches, 1, 1
         )
@@ -114,13 +129,15 @@ class _DuelingBranchHead(nn.Module):
 class BranchingQNetwork(nn.Module):
     """Branching dueling distributional Q-network with an implicit-quantile auxiliary head.
 
-    - Trunk ``h = f(x)``: an MLP of ``depth`` Linear–LayerNorm–ReLU layers, or a Linear layer
-      followed by ``depth`` gated residual blocks (``trunk="gated"``). ``trunk_hook``, when
+    - Trunk ``h = f(x)``: an MLP of ``depth`` Linear–LayerNorm–ReLU layers, the same without
+      LayerNorm (``trunk="mlp"``), or a Linear layer followed by ``depth`` gated residual blocks
+      (``trunk="gated"``). ``trunk_hook``, when
       set, is applied to ``h`` right after the trunk (the trainer puts its adaptive clamp there).
     - C51 head (Bellemare et al. 2017) per branch, dueling across branches (Tavakoli, Pardo &
       Kormushev 2018, *Action Branching Architectures for Deep RL*): logits
       ``ℓ_d(x, a) = V(h) + A_d(h, a) − mean_a' A_d(h, a')`` over ``n_atoms`` atoms; the Q-value is
       ``Σ_i z_i softmax(ℓ_d(x, a))_i`` for atoms ``z`` given by the caller (:func:`expected_q`).
+      ``dueling=False`` drops the value stream: ``ℓ_d(x, a) = A_d(h, a)``.
     - IQN head (Dabney et al. 2018): ``φ_j(τ) = ReLU(Σ_{i=0}^{n−1} cos(π i τ) w_ij + b_j)``,
       ``Z_τ(x, a) = g_d(h ⊙ φ(τ))`` with the same dueling-branch structure.
 
@@ -141,6 +158,7 @@ class BranchingQNetwork(nn.Module):
         iqn_embed: int = 64,
         head_hidden: int | None = None,
         trunk: TrunkKind = "layernorm",
+        dueling: bool = True,
     ) -> None:
         super().__init__()
         branch_sizes = [int(n) for n in branch_sizes]
@@ -155,9 +173,9 @@ class BranchingQNetwork(nn.Module):
         self.obs_dim, self.branch_sizes, self.n_atoms = obs_dim, branch_sizes, n_atoms
         self.trunk = _make_trunk(obs_dim, hidden, depth, trunk)
         self.trunk_hook = None
-        self.c51_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, n_atoms)
+        self.c51_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, n_atoms, dueling)
         self.tau_embed = nn.Linear(iqn_embed, hidden)
-        self.iqn_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, 1)
+        self.iqn_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, 1, dueling)
         self.register_buffer(
             "cos_freq", math.pi * torch.arange(iqn_embed, dtype=torch.float32), persistent=False
         )

@@ -5,7 +5,8 @@ online (producer -> AdaptiveEMA -> slot -> consumer), each raised by the engagem
 correction; the gradient clip is :class:`trimtab.AdaptiveGradClip`; every network steps with
 :class:`trimtab.optim.Adam` (weight clamp, self-set decay inside the step).
 ``fixed``: the same mechanisms at the constants people hand-set today (:data:`FIXED`).
-``off``: no clamp, no clip, C51 support fixed at ±10 as in Dopamine.
+``off``: no clamp, no clip, the C51 support fixed at the agent's ``[v_min, v_max]`` (±10 by
+default, as in Dopamine). ``fixed`` reads the same configured support.
 In every mode the sentinel watches the same buffers; diagnostics never change a number.
 """
 
@@ -31,9 +32,13 @@ from trimtab.state import Slot, StateVector
 
 __all__ = ["FIXED", "SUPPORT_FLOOR", "Stability"]
 
-#: The hand-set constants of ``--stability fixed`` (and the ±10 support of ``off``): what
-#: Dopamine and common DQN code use, kept to show what the adaptive mode replaces.
-FIXED = {"support": 10.0, "target_clamp": 10.0, "grad_clip": 10.0, "weight_clamp": 100.0}
+#: The hand-set constants of ``--stability fixed``: what Dopamine and common DQN code use, kept
+#: to show what the adaptive mode replaces. The C51 support of ``fixed`` and ``off`` (and the
+#: target clamp of ``fixed``, at the support's edge) is not here: it is the agent's
+#: ``[v_min, v_max]`` (±10 by default), which a task sets to its own return range (CartPole:
+#: ±100). A constant ±10 here once overrode that config and capped every CartPole value at 10
+#: (true values reach 100), which no hyperparameter could make up for.
+FIXED = {"grad_clip": 10.0, "weight_clamp": 100.0}
 
 #: Cold-start floor of the support and activation-clamp slots (a numerical constant, design
 #: invariant 3): before the first measurement, or if every target is exactly 0, the support is
@@ -99,17 +104,18 @@ class Stability(StepGuard):
         self._loss = torch.zeros((), device=device)
         self._masks = torch.eye(len(_CONSUMERS), dtype=torch.bool, device=device)
         self._nan = torch.full((), float("nan"), device=device)
-        self._fixed_support = (
-            torch.full((n_branches,), -FIXED["support"], device=device),
-            torch.full((n_branches,), FIXED["support"], device=device),
+        self._fixed_support = (  # the agent's configured support (fixed, off, ablations)
+            torch.full((n_branches,), cfg.agent.v_min, device=device),
+            torch.full((n_branches,), cfg.agent.v_max, device=device),
         )
+        self._fixed_clamp = max(-cfg.agent.v_min, cfg.agent.v_max)  # fixed mode: the edge
 
     # --- wiring -------------------------------------------------------------------------------
     @property
     def fingerprint(self) -> str:
         return self.state.fingerprint
 
-    def optimizer_factory(self, params: Any, lr: float) -> torch.optim.Optimizer:
+    def optimizer_factory(self, params: Any, lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
         """Every network with parameters steps with this (invariant 5: one implementation)."""
         params = list(params)
         # Two groups, each with its own measured bounds: weight matrices, and vectors (biases,
@@ -121,12 +127,12 @@ class Stability(StepGuard):
         if self.mode == "adaptive":
             decay: float | str = "auto" if self.on["decay"] else 0.0
             groups[0]["weight_decay"] = decay
-            return Adam(groups, lr=lr, weight_clamp=self.on["weight_clamp"],
+            return Adam(groups, lr=lr, eps=eps, weight_clamp=self.on["weight_clamp"],
                         state_vector=self.state, capturable=True)  # fmt: skip
         if self.mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is in after_step
-            return Adam(groups, lr=lr, weight_decay=0.0, weight_clamp=False,
+            return Adam(groups, lr=lr, eps=eps, weight_decay=0.0, weight_clamp=False,
                         state_vector=self.state, capturable=True)  # fmt: skip
-        return torch.optim.Adam(params, lr=lr)
+        return torch.optim.Adam(params, lr=lr, eps=eps)
 
     def attach(self, agent: DQNAgent) -> None:
         """Install the hooks on ``agent`` and name the sentinel's slots."""
@@ -263,8 +269,11 @@ class Stability(StepGuard):
     def targets(self, x: Tensor, kind: str) -> Tensor:
         if kind == "c51":
             return x  # the projection clips T z to the support, which reads the same slot
+        # "iqn": quantile samples of the target; "q": the scalar C51 targets, which the agent
+        # shows only without an IQN loss. Without them a C51-only agent left the adaptive
+        # support at its ±1e-3 floor for the whole run (every Q-value ~0).
         x = x.contiguous()
-        bound: Tensor | float = FIXED["target_clamp"]
+        bound: Tensor | float = self._fixed_clamp
         if self.on["support"] or self.on["target_clamp"]:  # the slot feeds both
             bound = self._produce(0, "target_bound", x)
         if not self._guarded["targets"]:
