@@ -60,7 +60,7 @@ class Workspace:
         self.phase.add_(1)
 
 
-def _kernel_step(ws, gs, ms, vs, steps, wk, *, features, lr, stride=1):
+def _kernel_step(ws, gs, ms, vs, steps, wk, *, features, lr, stride=1, per_program=None):
     device = ws[0].device
     coef = torch.tensor([0.3, 0.2, 1.5] if features else [0.01, 0.0, math.inf], device=device)
     l1_flags = [features and w.dim() >= 2 for w in ws]
@@ -70,7 +70,7 @@ def _kernel_step(ws, gs, ms, vs, steps, wk, *, features, lr, stride=1):
         (coef[0], coef[1], coef[2]), wk.parts[0], wk.ints[0], wk.sel[0], wk.phase,
         lr=lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=None if features else 0.01,
         stats=True, l1=features, clamp=features, stride=stride,
-        floor=topt.WEIGHT_BOUND_FLOOR,
+        floor=topt.WEIGHT_BOUND_FLOOR, per_program=per_program,
     )  # fmt: skip
 
 
@@ -132,6 +132,44 @@ def test_replicated_partials_reduce_to_the_reference(kernel_device, features, re
     assert rows.gt(0).all() and rows.sum().item() == sum(math.prod(s) for s in shapes)
 
 
+@pytest.mark.parametrize("features", [False, True])
+def test_programs_of_several_blocks_and_odd_addresses_match_the_reference(kernel_device, features):
+    """Programs stepping three blocks each (one reduction per program), and tensors at an
+    address that is not 16-byte aligned (the masked path for whole blocks too)."""
+    shapes = [(2 * kern.BLOCK,), (kern.BLOCK + 5,), (3, kern.BLOCK), (37,), (kern.BLOCK,)]
+    ws, gs, ms, vs = _state(kernel_device, 3, False, shapes)
+    # The second and last tensors start 4 bytes into their storage.
+    for ts in (ws, gs, ms, vs):
+        for i in (1, 4):
+            ts[i] = torch.cat([ts[i].new_zeros(1), ts[i].reshape(-1)])[1:].view(shapes[i])
+    assert ws[1].data_ptr() % 16 != 0 and ws[0].data_ptr() % 16 == 0
+    if features:
+        gs[0][3] = math.nan
+        ws[2][1, 5] = math.inf
+        ws[4][7] = -0.0
+        ws[1][11] = 1e-40  # subnormal
+    steps = [torch.tensor(4.0, device=kernel_device) for _ in shapes]
+    coef = torch.tensor([0.3, 0.2, 1.5] if features else [0.01, 0.0, math.inf])
+    states = [[t.clone() for t in ts] for ts in (ws, gs, ms, vs)]
+    row = ref.adam_group_step_reference(
+        *states, [s.clone() for s in steps], lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
+        weight_decay=coef[0].to(kernel_device) if features else 0.01,
+        l1=coef[1].to(kernel_device) if features else None,
+        l1_params=[features and w.dim() >= 2 for w in ws],
+        bound=coef[2].to(kernel_device) if features else None, capturable=True, stats=True,
+        quantile=0.99,
+    )  # fmt: skip
+    wk = Workspace(kernel_device, replicas=2)
+    _kernel_step(ws, gs, ms, vs, steps, wk, features=features, lr=1e-2, per_program=3)
+    for a, b in zip(states[0] + states[2] + states[3], ws + ms + vs):
+        torch.testing.assert_close(b, a, rtol=2e-5, atol=1e-6, equal_nan=True)
+    _check_stats(wk, row, features)
+    # Blocks per tensor 2 + 2 + 3 + 1 + 1, three per program; programs 0 and 2 share row 0
+    # (with the NaN gradient of tensor 0; the Inf weight is in block 5, program 1).
+    first, last = 2 * kern.BLOCK + kern.BLOCK, kern.BLOCK + 37 + kern.BLOCK
+    assert wk.parts[0, 0, kern.PART_FINITE].item() == first + last - features
+
+
 def test_window_refines_the_quantile_to_one_part_in_256(kernel_device):
     """With last step's quantile as the window centre, the quantile is within 2**-8 below."""
     *_, row = _run(kernel_device, "torch", features=False, lr=1e-6)
@@ -166,7 +204,9 @@ def test_a_quantile_that_leaves_the_window_falls_back_to_its_octave(kernel_devic
     assert math.log2(q[0].item()).is_integer()  # an octave's lower edge
 
 
-def test_sampling_covers_every_block_once_per_stride_steps(kernel_device):
+@pytest.mark.parametrize("per_program", [1, 3])
+def test_sampling_covers_every_block_once_per_stride_steps(kernel_device, per_program):
+    """Block b is sampled when (b + phase) % S == 0, also when one program steps several."""
     stride = 4
     shapes = [(5 * kern.BLOCK + 3,), (kern.BLOCK,), (17,)]  # 6 + 1 + 1 programs
     numel = sum(math.prod(s) for s in shapes)
@@ -175,7 +215,10 @@ def test_sampling_covers_every_block_once_per_stride_steps(kernel_device):
     for _ in range(stride):
         ws, gs, ms, vs = _state(kernel_device, 1, shapes=shapes)
         steps = [torch.tensor(1.0, device=kernel_device) for _ in shapes]
-        _kernel_step(ws, gs, ms, vs, steps, wk, features=False, lr=1e-3, stride=stride)
+        _kernel_step(
+            ws, gs, ms, vs, steps, wk, features=False, lr=1e-3, stride=stride,
+            per_program=per_program,
+        )  # fmt: skip
         hist = wk.ints[0, kern.HIST_OFFSET : kern.HIST_OFFSET + kern.BINS]
         seen.append(hist.sum().item())
         assert wk.stats()[ref.COUNT].item() == numel  # the sums see everything

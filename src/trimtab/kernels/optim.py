@@ -78,7 +78,9 @@ import triton.language as tl
 from trimtab.kernels._table import PointerTable, pointer_table
 
 BLOCK = 4096
+SUB = 1024  # elements of one inner iteration (a block is BLOCK // SUB of them)
 NUM_WARPS = 8
+PROGRAMS_PER_SM = 8
 BINS = 256
 COARSE_SHIFT = 23
 FINE_SHIFT = 15
@@ -123,13 +125,9 @@ def sample_stride(numel: int) -> int:
 
 # --- the update -----------------------------------------------------------------------------
 @triton.jit
-def _hist_add(digit, valid, row, BLOCK: tl.constexpr, BINS: tl.constexpr):
-    """Add the histogram of ``digit`` over the ``valid`` lanes to the int32 ``row``."""
-    h = tl.histogram(tl.where(valid, digit, 0), BINS)
-    # Masked-off lanes were counted in bin 0 (tl.histogram has no mask in older releases).
-    b = tl.arange(0, BINS)
-    h = h - tl.where(b == 0, BLOCK - tl.sum(valid.to(tl.int32), axis=0), 0)
-    tl.atomic_add(row + b, h, mask=h != 0, sem="relaxed")
+def _add_stats(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+    """Combine of the statistics' one multi-operand reduction (PART_* order; 6 is a max)."""
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, tl.maximum(a6, b6), a7 + b7
 
 
 @triton.jit
@@ -151,6 +149,8 @@ def _adam_kernel(
     ints,  # int32 [INT_WIDTH] of this group
     sel,  # int32 [3] of this group: window base bits of |w|, |m|, |v| (-1: none)
     phase,  # int32 [1]: sampling phase
+    num_blocks,  # blocks of the pointer table
+    blocks_per_program,  # program p steps blocks [p * this, (p + 1) * this)
     stride,  # sampling stride S
     lr,
     beta1,
@@ -164,6 +164,7 @@ def _adam_kernel(
     L1: tl.constexpr,
     CLAMP: tl.constexpr,
     BLOCK: tl.constexpr,
+    SUB: tl.constexpr,
     BINS: tl.constexpr,
     CSHIFT: tl.constexpr,
     FSHIFT: tl.constexpr,
@@ -175,83 +176,215 @@ def _adam_kernel(
     FLOOR: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    t = tl.load(block_tensor + pid)
-    offs = (pid - tl.load(block_start + t)) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < tl.load(numels + t)
-    wp = tl.load(w_ptrs + t).to(tl.pointer_type(tl.float32))
-    gp = tl.load(g_ptrs + t).to(tl.pointer_type(tl.float32))
-    mp = tl.load(m_ptrs + t).to(tl.pointer_type(tl.float32))
-    vp = tl.load(v_ptrs + t).to(tl.pointer_type(tl.float32))
-    w = tl.load(wp + offs, mask=mask, other=0.0)
-    g = tl.load(gp + offs, mask=mask, other=0.0)
-    m = tl.load(mp + offs, mask=mask, other=0.0)
-    v = tl.load(vp + offs, mask=mask, other=0.0)
-
-    step = tl.load(tl.load(step_ptrs + t).to(tl.pointer_type(tl.float32))) + 1.0
-    bc1 = 1.0 - tl.exp2(step * log2_beta1)
-    bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * log2_beta2))
-    m = beta1 * m + (1.0 - beta1) * g
-    v = beta2 * v + (1.0 - beta2) * g * g
-    u = (m / bc1) / (tl.sqrt(v) / bc2_sqrt + eps)
+    lane = tl.arange(0, SUB)
+    # Loop-invariant scalars: the slots are read once per program.
     if AUTO:
         d = tl.load(decay_slot)
-        w_new = w * (1.0 - lr * tl.where(d > 0.0, d, 0.0)) - lr * u  # fmax(slot, 0): NaN -> 0
-    else:
-        w_new = w * decay_factor - lr * u
+        decay_factor = 1.0 - lr * tl.where(d > 0.0, d, 0.0)  # fmax(slot, 0): NaN -> 0
+    thr = 0.0
     if L1:
         lam = tl.load(l1_slot)
         thr = lr * tl.where(lam > 0.0, lam, 0.0)
-        prox = tl.load(l1_flags + t) != 0
+    bound = float("inf")
+    if CLAMP:
+        bnd = tl.load(bound_slot)
+        bound = tl.where(bnd != bnd, float("inf"), tl.where(bnd > FLOOR, bnd, FLOOR))
+    # Statistics accumulate per lane over every block of the program, then reduce once.
+    acc_wu = tl.zeros([SUB], tl.float32)
+    acc_ww = tl.zeros([SUB], tl.float32)
+    acc_uu = tl.zeros([SUB], tl.float32)
+    acc_au = tl.zeros([SUB], tl.float32)
+    acc_l1 = tl.zeros([SUB], tl.float32)
+    acc_eng = tl.zeros([SUB], tl.int32)
+    acc_max = tl.zeros([SUB], tl.int32)
+    acc_fin = tl.zeros([SUB], tl.int32)
+    ph = 0
+    if STATS:
+        ph = tl.load(phase)
+    first = pid * blocks_per_program
+    last = tl.minimum(first + blocks_per_program, num_blocks)
+    for blk in range(first, last):
+        t = tl.load(block_tensor + blk)
+        start = (blk - tl.load(block_start + t)) * BLOCK
+        n = tl.load(numels + t)
+        w_raw = tl.load(w_ptrs + t)
+        g_raw = tl.load(g_ptrs + t)
+        m_raw = tl.load(m_ptrs + t)
+        v_raw = tl.load(v_ptrs + t)
+        wp = w_raw.to(tl.pointer_type(tl.float32))
+        gp = g_raw.to(tl.pointer_type(tl.float32))
+        mp = m_raw.to(tl.pointer_type(tl.float32))
+        vp = v_raw.to(tl.pointer_type(tl.float32))
+        step = tl.load(tl.load(step_ptrs + t).to(tl.pointer_type(tl.float32))) + 1.0
+        bc1 = 1.0 - tl.exp2(step * log2_beta1)
+        bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * log2_beta2))
+        prox = False
+        if L1:
+            prox = tl.load(l1_flags + t) != 0
+        sampled = False
+        if STATS:
+            sampled = (blk + ph) % stride == 0
+        # A whole block of 16-byte aligned tensors loads 16 bytes a lane and needs no mask;
+        # a tensor's last block, or a tensor at an odd address, takes the masked path.
+        aligned = ((w_raw | g_raw | m_raw | v_raw) & 15) == 0
+        if aligned & (start + BLOCK <= n):
+            wp = tl.multiple_of(wp, 16)
+            gp = tl.multiple_of(gp, 16)
+            mp = tl.multiple_of(mp, 16)
+            vp = tl.multiple_of(vp, 16)
+            for c in range(0, BLOCK, SUB):
+                offs = tl.multiple_of(start + c, SUB) + lane
+                acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin = _chunk(
+                    wp, gp, mp, vp, offs, n, True, sampled, prox,
+                    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
+                    decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
+                    STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
+                )  # fmt: skip
+        else:
+            for c in range(0, BLOCK, SUB):
+                offs = start + c + lane
+                acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin = _chunk(
+                    wp, gp, mp, vp, offs, n, False, sampled, prox,
+                    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
+                    decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
+                    STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
+                )  # fmt: skip
+    if STATS:
+        s_wu, s_ww, s_uu, s_au, s_l1, n_eng, max_bits, n_fin = tl.reduce(
+            (acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin), 0, _add_stats
+        )
+        # This program's replica of the scalar partials: no two programs of a wave share one.
+        rs = sums + (pid % REPLICAS) * PART_WIDTH
+        ri = parts + (pid % REPLICAS) * PART_WIDTH
+        # Words as PART_* above: 0..4 the float sums, 5 engaged, 6 max |w| bits, 7 finite.
+        tl.atomic_add(rs + 0, s_wu, sem="relaxed")
+        tl.atomic_add(rs + 1, s_ww, sem="relaxed")
+        tl.atomic_add(rs + 2, s_uu, sem="relaxed")
+        tl.atomic_add(rs + 3, s_au, sem="relaxed")
+        if L1:
+            tl.atomic_add(rs + 4, s_l1, sem="relaxed")
+        if CLAMP:
+            tl.atomic_add(ri + 5, n_eng, sem="relaxed")
+        tl.atomic_max(ri + 6, max_bits, sem="relaxed")
+        tl.atomic_add(ri + 7, n_fin, sem="relaxed")
+
+
+@triton.jit
+def _chunk(
+    wp, gp, mp, vp, offs, n, FULL: tl.constexpr, sampled, prox,
+    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
+    decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
+    STATS: tl.constexpr, L1: tl.constexpr, CLAMP: tl.constexpr, BINS: tl.constexpr,
+    CSHIFT: tl.constexpr, FSHIFT: tl.constexpr, UNDER: tl.constexpr,
+    HIST_OFFSET: tl.constexpr, WINDOW_OFFSET: tl.constexpr,
+):  # fmt: skip
+    """Step ``SUB`` elements at ``offs`` and add their statistics to the accumulators
+    (``FULL``: every lane in range, unmasked 16-byte accesses)."""
+    mask = offs < n
+    if FULL:
+        w = tl.load(wp + offs)
+        g = tl.load(gp + offs)
+        m = tl.load(mp + offs)
+        v = tl.load(vp + offs)
+    else:
+        w = tl.load(wp + offs, mask=mask, other=0.0)
+        g = tl.load(gp + offs, mask=mask, other=0.0)
+        m = tl.load(mp + offs, mask=mask, other=0.0)
+        v = tl.load(vp + offs, mask=mask, other=0.0)
+    m = beta1 * m + (1.0 - beta1) * g
+    v = beta2 * v + (1.0 - beta2) * g * g
+    u = (m / bc1) / (tl.sqrt(v) / bc2_sqrt + eps)
+    w_new = w * decay_factor - lr * u
+    if L1:
         shrunk = tl.where(w_new > 0, 1.0, -1.0) * tl.maximum(tl.abs(w_new) - thr, 0.0)
         w_new = tl.where(prox, tl.where(w_new == 0, w_new, shrunk), w_new)
     a = tl.abs(w_new)
     w_out = w_new
     if CLAMP:
-        b = tl.load(bound_slot)
-        bound = tl.where(b != b, float("inf"), tl.where(b > FLOOR, b, FLOOR))
         over = a > bound  # False for NaN: the clamp never hides a non-finite weight
         w_out = tl.where(over, tl.where(w_new > 0, bound, -bound), w_new)
-    tl.store(wp + offs, w_out, mask=mask)
-    tl.store(mp + offs, m, mask=mask)
-    tl.store(vp + offs, v, mask=mask)
-
+    if FULL:
+        tl.store(wp + offs, w_out)
+        tl.store(mp + offs, m)
+        tl.store(vp + offs, v)
+    else:
+        tl.store(wp + offs, w_out, mask=mask)
+        tl.store(mp + offs, m, mask=mask)
+        tl.store(vp + offs, v, mask=mask)
     if STATS:
-        # This program's replica of the scalar partials: no two programs of a wave share one.
-        rs = sums + (pid % REPLICAS) * PART_WIDTH
-        ri = parts + (pid % REPLICAS) * PART_WIDTH
-        # Words as PART_* above: 0..4 the float sums, 5 engaged, 6 max |w| bits, 7 finite.
-        tl.atomic_add(rs + 0, tl.sum(tl.where(mask, w * u, 0.0), axis=0), sem="relaxed")
-        tl.atomic_add(rs + 1, tl.sum(w * w, axis=0), sem="relaxed")
-        tl.atomic_add(rs + 2, tl.sum(tl.where(mask, u * u, 0.0), axis=0), sem="relaxed")
-        tl.atomic_add(rs + 3, tl.sum(tl.where(mask, tl.abs(u), 0.0), axis=0), sem="relaxed")
+        if FULL:
+            acc_wu += w * u
+            acc_uu += u * u
+            acc_au += tl.abs(u)
+        else:
+            acc_wu += tl.where(mask, w * u, 0.0)
+            acc_uu += tl.where(mask, u * u, 0.0)
+            acc_au += tl.where(mask, tl.abs(u), 0.0)
+        acc_ww += w * w  # masked lanes loaded 0
         if L1:
-            l1w = tl.where(mask & prox, tl.abs(w), 0.0)
-            tl.atomic_add(rs + 4, tl.sum(l1w, axis=0), sem="relaxed")
+            acc_l1 += tl.where(mask & prox, tl.abs(w), 0.0)
         a_bits = a.to(tl.int32, bitcast=True)
         finite = mask & (a_bits < 0x7F800000)
         if CLAMP:
-            tl.atomic_add(ri + 5, tl.sum((finite & over).to(tl.int32), axis=0), sem="relaxed")
+            acc_eng += (finite & over).to(tl.int32)
         # Non-negative floats order as their int32 bits: an integer max is exact.
-        tl.atomic_max(ri + 6, tl.max(tl.where(finite, a_bits, 0), axis=0), sem="relaxed")
-        tl.atomic_add(ri + 7, tl.sum(finite.to(tl.int32), axis=0), sem="relaxed")
-        if (pid + tl.load(phase)) % stride == 0:
-            for k in tl.static_range(3):
-                if k == 0:
-                    bits = a_bits
-                elif k == 1:
-                    bits = tl.abs(m).to(tl.int32, bitcast=True)
-                else:
-                    bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-                valid = mask & (bits < 0x7F800000)
-                _hist_add(bits >> CSHIFT, valid, ints + HIST_OFFSET + k * BINS, BLOCK, BINS)
-                base = tl.load(sel + k)
-                if base >= 0:
-                    rel = bits - base
-                    below = valid & (rel < 0)
-                    n_below = tl.sum(below.to(tl.int32), axis=0)
-                    tl.atomic_add(ints + UNDER + k, n_below, sem="relaxed")
-                    inwin = valid & (rel >= 0) & (rel < (BINS << FSHIFT))
-                    _hist_add(rel >> FSHIFT, inwin, ints + WINDOW_OFFSET + k * BINS, BLOCK, BINS)
+        acc_max = tl.maximum(acc_max, tl.where(finite, a_bits, 0))
+        acc_fin += finite.to(tl.int32)
+        if sampled:
+            _histograms(a_bits, m, v, mask, ints, sel, BINS, CSHIFT, FSHIFT, UNDER,
+                        HIST_OFFSET, WINDOW_OFFSET)  # fmt: skip
+    return acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin
+
+
+@triton.jit
+def _histograms(
+    a_bits,
+    m,
+    v,
+    mask,
+    ints,
+    sel,
+    BINS: tl.constexpr,
+    CSHIFT: tl.constexpr,
+    FSHIFT: tl.constexpr,
+    UNDER: tl.constexpr,
+    HIST_OFFSET: tl.constexpr,
+    WINDOW_OFFSET: tl.constexpr,
+):
+    """Add one sampled chunk's coarse and window histograms of |w|, |m|, |v| to ``ints``."""
+    b = tl.arange(0, BINS)
+    for k in tl.static_range(3):
+        if k == 0:
+            bits = a_bits
+        elif k == 1:
+            bits = tl.abs(m).to(tl.int32, bitcast=True)
+        else:
+            bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        valid = mask & (bits < 0x7F800000)
+        # Masked lanes take no shared-memory atomic: the lanes outside the window (most of
+        # them) would otherwise all contend for one bin.
+        h = tl.histogram(bits >> CSHIFT, BINS, mask=valid)
+        tl.atomic_add(ints + HIST_OFFSET + k * BINS + b, h, mask=h != 0, sem="relaxed")
+        base = tl.load(sel + k)
+        if base >= 0:
+            rel = bits - base
+            n_below = tl.sum((valid & (rel < 0)).to(tl.int32), axis=0)
+            tl.atomic_add(ints + UNDER + k, n_below, sem="relaxed")
+            inwin = valid & (rel >= 0) & (rel < (BINS << FSHIFT))
+            hw = tl.histogram(tl.where(inwin, rel >> FSHIFT, 0), BINS, mask=inwin)
+            tl.atomic_add(ints + WINDOW_OFFSET + k * BINS + b, hw, mask=hw != 0, sem="relaxed")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def blocks_per_program(num_blocks: int, device: torch.device) -> int:
+    """Blocks each program steps: enough programs for ``PROGRAMS_PER_SM`` per multiprocessor,
+    so the statistics' one reduction and atomics per program are amortised over many blocks."""
+    return max(1, -(-num_blocks // (PROGRAMS_PER_SM * _num_sms(device))))
 
 
 def adam_group_step_triton(
@@ -273,6 +406,7 @@ def adam_group_step_triton(
     clamp: bool,
     stride: int,
     floor: float,
+    per_program: int | None = None,
 ) -> None:
     """Launch the fused step for one group (float32, contiguous tensors on one device).
 
@@ -281,25 +415,29 @@ def adam_group_step_triton(
     group's decay, L1 and weight-bound slot views. ``weight_decay=None`` reads the decay slot.
     ``parts`` (int32 ``[R, PART_WIDTH]``, ``R`` a power of two: ``REPLICAS`` in the optimizer),
     ``ints``, ``sel``: this group's rows of the workspaces (zero before the launch).
+    ``per_program``: blocks per program (default :func:`blocks_per_program`); it changes no
+    result beyond the sums' rounding.
     """
     assert parts.dtype == torch.int32 and parts.dim() == 2 and parts.shape[1] == PART_WIDTH
     replicas = parts.shape[0]
     assert replicas & (replicas - 1) == 0 and parts.is_contiguous()
     wt, gt, mt, vt, st = tables
-    _adam_kernel[(wt.num_blocks,)](
+    k = per_program or blocks_per_program(wt.num_blocks, parts.device)
+    _adam_kernel[(triton.cdiv(wt.num_blocks, k),)](
         wt.ptrs, gt.ptrs, mt.ptrs, vt.ptrs, st.ptrs,
         wt.numels, wt.block_start, wt.block_tensor,
-        l1_flags, *slots, parts.view(torch.float32), parts, ints, sel, phase, int(stride),
+        l1_flags, *slots, parts.view(torch.float32), parts, ints, sel, phase,
+        wt.num_blocks, k, int(stride),
         float(lr), float(beta1), float(beta2),
         math.log2(beta1) if beta1 > 0 else -math.inf,
         math.log2(beta2) if beta2 > 0 else -math.inf,
         float(eps),
         1.0 - lr * weight_decay if weight_decay is not None else 1.0,
-        AUTO=weight_decay is None, STATS=stats, L1=l1, CLAMP=clamp, BLOCK=BLOCK, BINS=BINS,
-        CSHIFT=COARSE_SHIFT, FSHIFT=FINE_SHIFT, UNDER=INT_UNDER,
+        AUTO=weight_decay is None, STATS=stats, L1=l1, CLAMP=clamp, BLOCK=BLOCK, SUB=SUB,
+        BINS=BINS, CSHIFT=COARSE_SHIFT, FSHIFT=FINE_SHIFT, UNDER=INT_UNDER,
         HIST_OFFSET=HIST_OFFSET, WINDOW_OFFSET=WINDOW_OFFSET,
         REPLICAS=replicas, PART_WIDTH=PART_WIDTH, FLOOR=floor,
-        num_warps=NUM_WARPS,
+        num_warps=NUM_WARPS, num_stages=1,
     )  # fmt: skip
 
 
