@@ -179,8 +179,8 @@ def test_fixed_supports_are_the_agents_configured_support(mode):
 
 
 def test_adaptive_support_grows_without_the_iqn_loss():
-    """With ``iqn_weight = 0`` the scalar C51 targets feed the support slot (before, nothing
-    did and the support stayed at its ±1e-3 floor)."""
+    """With ``iqn_weight = 0`` the reach of the C51 targets feeds the support slot (before,
+    nothing did and the support stayed at its ±1e-3 floor); it grows toward r / (1 − γ)."""
     cfg = tiny(Path("unused"))
     cfg = replace(cfg, agent=replace(cfg.agent, iqn_weight=0.0))
     stab, agent = wired_agent(cfg)
@@ -190,3 +190,7 @@ def test_adaptive_support_grows_without_the_iqn_loss():
         agent.update(batch)
     v_min, v_max = stab.support_fn()
     assert float(v_max.min()) > 4.0 and torch.equal(v_min, -v_max)
+    for _ in range(300):
+        agent.update(batch)
+    # discount 0.9, reward 5: the largest return is 5 / (1 - 0.9) = 50
+    assert 35.0 < float(stab.support_fn()[1].min()) < 55.0

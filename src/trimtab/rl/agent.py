@@ -31,9 +31,10 @@ class StepGuard:
     """
 
     def targets(self, x: Tensor, kind: str) -> Tensor:
-        """Bellman targets before use: ``kind`` is ``"c51"`` (``T z``), ``"iqn"``, or ``"q"``
-        (the scalar ``G + γ^k Σ_j p_j z_j``, shown only when there is no IQN loss, so that a
-        guard that sizes the support from targets still sees them; its return is unused)."""
+        """Bellman targets before use: ``kind`` is ``"c51"`` (``T z``), ``"iqn"``, or
+        ``"c51_edge"``: ``max_j |T z_j|`` per sample and branch, shown only when there is no IQN
+        loss, so that a guard that sizes the support from targets still sees them (its return
+        is unused)."""
         return x
 
     def after_forward(self, loss: Tensor, info: dict[str, Tensor]) -> None:
@@ -254,9 +255,8 @@ class DQNAgent:
             next_probs = torch.softmax(_logits_at(next_target.logits, next_action), dim=-1)
             tz = self.guard.targets(reward + discount * z, "c51")  # [B, D, N]  (stability)
             target_probs = c51_projection(tz, next_probs, v_min, v_max)
-            if cfg.iqn_weight == 0:  # no IQN samples: the guard measures the scalar targets
-                q_next = (next_probs * z).sum(dim=-1)  # [B, D]
-                self.guard.targets(reward.view(n, 1) + discount.view(n, 1) * q_next, "q")
+            if cfg.iqn_weight == 0:  # no IQN samples: the guard sees each target's reach
+                self.guard.targets(tz.abs().amax(dim=-1), "c51_edge")  # [B, D]
         c51 = c51_loss(logits, target_probs).mean(dim=-1)  # [B], averaged over branches
 
         if cfg.iqn_weight > 0:
