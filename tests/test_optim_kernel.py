@@ -204,13 +204,24 @@ def test_a_quantile_that_leaves_the_window_falls_back_to_its_octave(kernel_devic
     assert math.log2(q[0].item()).is_integer()  # an octave's lower edge
 
 
+def _chunk_sizes(shapes):
+    """Elements of each sampling chunk, in the pointer table's order (BLOCK // SUB a block)."""
+    sizes = []
+    for shape in shapes:
+        n = math.prod(shape)
+        for j in range(max(1, -(-n // kern.BLOCK)) * (kern.BLOCK // kern.SUB)):
+            sizes.append(min(max(n - j * kern.SUB, 0), kern.SUB))
+    return sizes
+
+
 @pytest.mark.parametrize("per_program", [1, 3])
-def test_sampling_covers_every_block_once_per_stride_steps(kernel_device, per_program):
-    """Block b is sampled when (b + phase) % S == 0, also when one program steps several."""
-    stride = 4
-    shapes = [(5 * kern.BLOCK + 3,), (kern.BLOCK,), (17,)]  # 6 + 1 + 1 programs
+def test_sampling_covers_every_chunk_once_per_stride_steps(kernel_device, per_program):
+    """Chunk c is histogrammed when (c + phase) % S == 0, also when a program steps several
+    blocks; the sums see every element every step."""
+    stride = 8
+    shapes = [(5 * kern.BLOCK + 3,), (2 * kern.SUB + 5,), (kern.BLOCK,), (17,)]
     numel = sum(math.prod(s) for s in shapes)
-    wk = Workspace(kernel_device, replicas=2)  # 8 programs on 2 rows of partials
+    wk = Workspace(kernel_device, replicas=2)  # 9 blocks on 2 rows of partials
     seen = []
     for _ in range(stride):
         ws, gs, ms, vs = _state(kernel_device, 1, shapes=shapes)
@@ -223,9 +234,9 @@ def test_sampling_covers_every_block_once_per_stride_steps(kernel_device, per_pr
         seen.append(hist.sum().item())
         assert wk.stats()[ref.COUNT].item() == numel  # the sums see everything
         wk.clear()
-    blocks = [kern.BLOCK] * 5 + [3, kern.BLOCK, 17]
-    expect = [sum(n for p, n in enumerate(blocks) if (p + t) % stride == 0) for t in range(4)]
-    assert seen == expect and sum(seen) == numel
+    chunks = _chunk_sizes(shapes)
+    expect = [sum(n for c, n in enumerate(chunks) if (c + t) % stride == 0) for t in range(stride)]
+    assert seen == expect and sum(seen) == numel and min(seen) > 0
 
 
 def test_sampled_quantile_is_within_its_documented_error(kernel_device):

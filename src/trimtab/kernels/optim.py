@@ -10,36 +10,47 @@ Update (``_adam_kernel``, one launch per group)
 -----------------------------------------------
 Reads ``w, g, m, v`` once and writes ``w, m, v`` once (28 bytes per float32 parameter, as
 ``torch.optim.AdamW(fused=True)``); the decay rate, L1 threshold and weight bound are read from
-the state-vector slots inside the kernel. With statistics on, every program also reduces its
-block to ``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, the finite count, the clamp's engagement count
-and the max ``|w|`` (six to eight scalar atomics per 4096 elements), and the *sampled* programs
-add two 256-bin histograms each of ``|w|``, ``|m|``, ``|v|`` to the group's workspace.
+the state-vector slots inside the kernel. With statistics on, the kernel also reduces the group
+to ``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, the finite count, the clamp's engagement count and
+the max ``|w|``, and the *sampled* chunks add two 256-bin histograms each of ``|w|``, ``|m|``,
+``|v|`` to the group's workspace.
 
-Replicated partials. The scalar atomics do not all go to one address per statistic: a group's
-``parts`` workspace holds ``R`` replicas (``REPLICAS`` = 256, a power of two) of one 32-byte row
-``[Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|`` (float32 bits), ``engaged, max |w| bits, finite]``
-(int32), and program ``p`` adds to replica ``p % R``. With every program's six to eight atomics
-on the same few words, the ~24k programs of a 100M-parameter group serialised at L2 (about
-1.2 ms a step on the H200); with ``R`` replicas each address takes ``numel / (4096 R)`` atomics a
-step (under 100 at 100M) and at most one or two in flight at once. The finalize reduces the
-``R`` rows (a vectorised ``tl.sum`` / ``tl.max``) and zeroes them. The partial sums stay float32:
-each replica adds at most ``numel / (4096 R)`` block sums and the finalize adds the replicas
-pairwise, so the rounding is smaller than that of the former single accumulator; only the
-summation order (hence the last bits) differs from the reference's. The counts are summed in
-int64, the max is an integer max of the non-negative float bits (exact).
+Programs. The pointer table cuts each tensor into blocks of ``BLOCK`` = 4096 elements; program
+``p`` steps blocks ``[p K, (p + 1) K)`` (``K`` from :func:`blocks_per_program`: about
+``PROGRAMS_PER_SM`` programs per multiprocessor), each block in chunks of ``SUB`` = 1024. A
+block of a tensor whose four pointers are 16-byte aligned, and that lies wholly inside it, is
+read and written with unmasked 16-byte accesses; the pointers come from a table, so without
+that branch and its ``tl.multiple_of`` hint every access was a 4-byte one (and the kernel
+needed 208 registers a thread: one CTA per multiprocessor). The statistics accumulate per lane
+over all of a program's chunks and are reduced once per program (one multi-operand
+``tl.reduce``, six to eight scalar atomics), not once per block: at 100M parameters a
+per-block reduction and its atomics cost more than the update itself.
+
+Replicated partials. A group's ``parts`` workspace holds ``R`` replicas (``REPLICAS`` = 256, a
+power of two) of one 32-byte row ``[Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|`` (float32 bits),
+``engaged, max |w| bits, finite]`` (int32), and program ``p`` adds to replica ``p % R``, so
+no two programs of a wave contend for an address. The finalize reduces the ``R`` rows (a
+vectorised ``tl.sum`` / ``tl.max``) and zeroes them. The partial sums stay float32: each lane
+adds its own elements, each program adds its lanes pairwise, the finalize adds the replicas
+pairwise, so only the summation order (hence the last bits) differs from the reference's. The
+counts are summed in int64, the max is an integer max of the non-negative float bits (exact).
 
 Sampling. ``tl.histogram`` costs compute proportional to its bin count on every element
 (Triton lowers it to warp ballots: about 2.3 ps per element per 256 bins on the H200, a
-fifth of the 8.6 ps an element's 28 bytes take), so only one program in ``S`` histograms:
-program ``p`` at phase ``t`` (a device counter the finalize advances every step) does when
-``(p + t) % S == 0``. The sample is systematic over blocks, so each tensor contributes its
-share, and over ``S`` consecutive steps every block is histogrammed exactly once. ``S`` is the
-largest power of two with at least ``MIN_SAMPLE`` (2**17) sampled elements, at most
-``MAX_SAMPLE_STRIDE`` (64): 1 below 256K parameters, 4 at 1M, 64 from 8.4M up. The q-quantile
-of a sample of ``n`` elements has rank error ``sqrt(q (1 - q) / n)`` (2.7e-4 at q = 0.99,
-n = 2**17; for a Gaussian about 0.4% of the p99's value), below the bin resolution and far
-below the step-to-step noise the EMA smooths. A block holds 4096 consecutive elements of one
-tensor, so a tensor smaller than ``S`` blocks is seen once every ``S`` steps.
+fifth of the 8.6 ps an element's 28 bytes take), so only one chunk in ``S`` is histogrammed:
+chunk ``c`` (numbered through the table, ``BLOCK / SUB`` per block, so ``SUB`` consecutive
+elements of one tensor or fewer at its end) at phase ``t`` (a device counter the finalize
+advances every step) is when ``(c + t) % S == 0``. The sample is systematic over chunks, so
+each tensor contributes its share, and over ``S`` consecutive steps every chunk is histogrammed
+exactly once. Sampling chunks rather than whole blocks spreads the histogram work over the
+programs: at 1M parameters (``S`` = 4, one program a block) every program histograms one of
+its four chunks, where one program in four histogramming its whole block made those programs
+the kernel's tail. ``S`` is the largest power of two with at least ``MIN_SAMPLE`` (2**17)
+sampled elements, at most ``MAX_SAMPLE_STRIDE`` (64): 1 below 256K parameters, 4 at 1M, 64
+from 8.4M up. The q-quantile of a sample of ``n`` elements has rank error
+``sqrt(q (1 - q) / n)`` (2.7e-4 at q = 0.99, n = 2**17; for a Gaussian about 0.4% of the p99's
+value), below the bin resolution and far below the step-to-step noise the EMA smooths. A
+tensor smaller than ``S`` chunks is seen once every ``S`` steps.
 
 Quantile digits (no second pass). Coarse: the float32 exponent, ``bits >> 23`` (256 bins, one
 per octave). Window: 256 sub-bins of ``2**15`` bits (``2**-8`` of an octave) starting at the
@@ -69,6 +80,7 @@ value another has already replaced.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -80,7 +92,7 @@ from trimtab.kernels._table import PointerTable, pointer_table
 BLOCK = 4096
 SUB = 1024  # elements of one inner iteration (a block is BLOCK // SUB of them)
 NUM_WARPS = 8
-PROGRAMS_PER_SM = 8
+PROGRAMS_PER_SM = 2
 BINS = 256
 COARSE_SHIFT = 23
 FINE_SHIFT = 15
@@ -111,6 +123,8 @@ EMA_WIDTH = len(EMA_FIELDS) + len(EMA_BANK)
 ENG_BASE = 2 * EMA_WIDTH  # engagement rate, max, z, engaged_total, seen_total
 TABLE_TAIL = ENG_BASE + 5  # q_level, q_slope, c table, kappa table, state vector
 TABLE_SIZE = TABLE_TAIL + 5
+# Whether tl.histogram takes a mask (Triton >= 3.4).
+HIST_MASK = tl.constexpr("mask" in inspect.signature(tl.histogram).parameters)
 # Group flag bits for the finalize.
 OBSERVED, CLAMP, AUTO, L1 = 1, 2, 4, 8
 
@@ -221,9 +235,8 @@ def _adam_kernel(
         prox = False
         if L1:
             prox = tl.load(l1_flags + t) != 0
-        sampled = False
-        if STATS:
-            sampled = (blk + ph) % stride == 0
+        # Chunk blk * CHUNKS + j is histogrammed when (chunk + phase) % stride == 0.
+        chunk0 = blk * (BLOCK // SUB) + ph
         # A whole block of 16-byte aligned tensors loads 16 bytes a lane and needs no mask;
         # a tensor's last block, or a tensor at an odd address, takes the masked path.
         aligned = ((w_raw | g_raw | m_raw | v_raw) & 15) == 0
@@ -235,7 +248,7 @@ def _adam_kernel(
             for c in range(0, BLOCK, SUB):
                 offs = tl.multiple_of(start + c, SUB) + lane
                 acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin = _chunk(
-                    wp, gp, mp, vp, offs, n, True, sampled, prox,
+                    wp, gp, mp, vp, offs, n, True, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
                     decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
                     STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
@@ -244,7 +257,7 @@ def _adam_kernel(
             for c in range(0, BLOCK, SUB):
                 offs = start + c + lane
                 acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin = _chunk(
-                    wp, gp, mp, vp, offs, n, False, sampled, prox,
+                    wp, gp, mp, vp, offs, n, False, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
                     decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
                     STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
@@ -361,9 +374,7 @@ def _histograms(
         else:
             bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         valid = mask & (bits < 0x7F800000)
-        # Masked lanes take no shared-memory atomic: the lanes outside the window (most of
-        # them) would otherwise all contend for one bin.
-        h = tl.histogram(bits >> CSHIFT, BINS, mask=valid)
+        h = _hist(bits >> CSHIFT, valid, BINS)
         tl.atomic_add(ints + HIST_OFFSET + k * BINS + b, h, mask=h != 0, sem="relaxed")
         base = tl.load(sel + k)
         if base >= 0:
@@ -371,8 +382,20 @@ def _histograms(
             n_below = tl.sum((valid & (rel < 0)).to(tl.int32), axis=0)
             tl.atomic_add(ints + UNDER + k, n_below, sem="relaxed")
             inwin = valid & (rel >= 0) & (rel < (BINS << FSHIFT))
-            hw = tl.histogram(tl.where(inwin, rel >> FSHIFT, 0), BINS, mask=inwin)
+            hw = _hist(tl.where(inwin, rel >> FSHIFT, 0), inwin, BINS)
             tl.atomic_add(ints + WINDOW_OFFSET + k * BINS + b, hw, mask=hw != 0, sem="relaxed")
+
+
+@triton.jit
+def _hist(digit, valid, BINS: tl.constexpr):
+    """``tl.histogram`` of the ``valid`` lanes' digits."""
+    if HIST_MASK:
+        h = tl.histogram(digit, BINS, mask=valid)
+    else:  # Triton < 3.4: the other lanes are counted in bin 0, then taken back out
+        h = tl.histogram(tl.where(valid, digit, 0), BINS)
+        off = tl.sum((valid == 0).to(tl.int32), axis=0)
+        h = h - tl.where(tl.arange(0, BINS) == 0, off, 0)
+    return h
 
 
 def _num_sms(device: torch.device) -> int:
