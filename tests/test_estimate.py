@@ -322,3 +322,34 @@ def test_update_captures_in_a_cuda_graph() -> None:
         graph.replay()
         got.append(out.clone())
     torch.testing.assert_close(torch.stack(got), expected)
+
+
+def test_std_error_is_nan_until_the_noise_is_known_then_covers_the_level():
+    ema = AdaptiveEMA(2)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.isnan(ema.std_error).all()
+    ema.update(torch.tensor([5.0, 1.0]))
+    assert torch.isnan(ema.std_error).all()  # R needs two observations
+    covered = 0
+    for step in range(2000):
+        noise = torch.randn(1, generator=gen)
+        ema.update(torch.cat([5.0 + noise, torch.ones(1)]))
+        se = ema.std_error
+        if step >= 100:
+            covered += int(abs(ema.estimate[0].item() - 5.0) <= 3.0 * se[0].item())
+    assert covered >= 0.95 * 1900  # a 3-sigma interval about the estimate holds the level
+    assert 0.0 < ema.std_error[0].item() < 0.5  # far below the noise's sd of 1
+    assert ema.std_error[1].item() < 1e-3  # a constant signal is known exactly
+
+
+def test_a_shift_thousands_of_noise_sds_large_is_followed():
+    """The shift test compares the two exceeding observations with each other (as noise), not
+    their z-scores, which differ by the prediction's move: a 10x drop of a quiet signal (once
+    taken for an endless run of outliers) restarts the estimate within two steps."""
+    ema = AdaptiveEMA(1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        ema.update(2.6 + 1e-3 * torch.randn(1, generator=gen))
+    for _ in range(3):
+        ema.update(0.26 + 1e-3 * torch.randn(1, generator=gen))
+    assert abs(ema.estimate.item() - 0.26) < 0.01

@@ -212,6 +212,58 @@ def test_weight_drift_is_held_at_an_equilibrium_without_any_hand_set_bound():
     assert ours.state_vector.as_dict()["adam_decay"][0] > 0
 
 
+@pytest.mark.parametrize("z", [0.0, None])
+def test_adaptive_decay_does_not_ratchet_weights_down_under_noise(z):
+    """Gradients of pure noise push ‖w‖ out and in at random. Decay at the point estimate
+    (z = 0, the former rule) cancels the outward steps and keeps the inward ones, a ratchet that
+    shrank ‖w‖ by a third in 2000 steps; at the lower confidence bound ‖w‖ holds."""
+    torch.manual_seed(0)
+    w0 = torch.randn(16)
+    w = w0.clone().requires_grad_()
+    opt = topt.Adam([w], lr=1e-2, weight_clamp=False)
+    if z is not None:
+        opt.engagement.z_threshold = z
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2000):
+        w.grad = torch.randn(16, generator=g)
+        opt.step()
+    ratio = (w.detach().norm() / w0.norm()).item()
+    if z is None:
+        assert 0.9 < ratio < 1.2
+    else:
+        assert ratio < 0.75
+
+
+def test_adaptive_decay_never_removes_more_than_the_weight():
+    """The first steps from tiny weights have a huge equilibrium rate; lr * decay stays <= 1."""
+    torch.manual_seed(0)
+    w = (1e-4 * torch.randn(100)).requires_grad_()
+    opt = topt.Adam([w], lr=0.1, weight_clamp=False)
+    for _ in range(30):
+        w.grad = -torch.sign(w.detach()) + 0.01 * torch.randn(100)
+        opt.step()
+        rate = opt.state_vector["adam_decay"].item()
+        assert math.isnan(rate) or 0.0 <= 0.1 * rate <= 1.0 + 1e-6
+
+
+def test_magnitude_slots_stay_positive_after_a_tenfold_drop():
+    """Bounds and quantiles are folded on a log scale: a sudden 10x drop of |w| (a trend the
+    filter could extrapolate below zero on a linear scale) leaves every magnitude slot > 0."""
+    torch.manual_seed(0)
+    w = torch.randn(4000).requires_grad_()
+    opt = topt.Adam([w], lr=1e-3)
+    for step in range(60):
+        if step == 30:
+            with torch.no_grad():
+                w.mul_(0.1)
+        w.grad = torch.randn(4000)
+        opt.step()
+        sv = opt.state_vector.as_dict()
+        for name in ("adam_weight_bound", "adam_p99_w", "adam_p99_m", "adam_p99_v"):
+            assert sv[name][0] > 0.0, (step, name, sv[name])
+    assert opt.state_vector["adam_p99_w"].item() < 0.5  # followed the drop
+
+
 def test_adaptive_decay_is_invariant_to_the_loss_scale():
     torch.manual_seed(0)
     w0 = torch.randn(500)

@@ -44,7 +44,9 @@ class AdaptiveGradClip:
     3. **Measure.** The *clipped* norm ``min(n_t, b_t)``, what actually reached the optimizer,
        enters a window of the last ``window`` steps; the observation is the window's
        ``q``-quantile (:func:`trimtab.abs_quantiles`, an exact order statistic), folded into the
-       bound's slot by an :class:`~trimtab.AdaptiveEMA`.
+       bound's slot by an :class:`~trimtab.AdaptiveEMA` on a log scale (the bound is
+       ``exp`` of the estimate of ``log`` observations: scale-free, and positive whatever the
+       filter extrapolates after a tenfold drop; a zero norm is no observation).
 
     **Anchoring.** An EMA of raw norms ratchets: a run of large norms raises the bound, which
     lets larger updates through, which grow the weights and the next norms (the failure that
@@ -195,8 +197,11 @@ class AdaptiveGradClip:
         self._history.scatter_(1, position, torch.minimum(group_norm, bound)[:, None])
         self._count.add_(1)
         observation = abs_quantiles(list(self._history.unbind()), self.quantile)
-        est = self._ema.update(self.engagement.correct(observation))
-        slot.copy_(est)
+        # Folded as a logarithm (a norm's noise is multiplicative, and exp(estimate) stays
+        # positive whatever the filter extrapolates); a zero norm is no observation.
+        log_obs = self.engagement.correct(observation).log()
+        est = self._ema.update(log_obs, mask=log_obs > -math.inf)
+        slot.copy_(est.exp())
         return total
 
     def state_dict(self) -> dict[str, Any]:

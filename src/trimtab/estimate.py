@@ -132,7 +132,7 @@ class AdaptiveEMA:
     predictive standard deviation (Huber 1964): a lone spike moves the estimate by at most
     α c √S and every score by at most c² S/(2R). The mixture's standardized innovation z_t
     (prediction Σ w ŷ_k, variance Σ w (S_k + (ŷ_k - ŷ)²)) detects shifts: two consecutive
-    exceedances of one sign that agree with each other (|z_t - z_(t-1)| ≤ c√2) are a level
+    exceedances of one sign that agree with each other (|y_t - y_(t-1)| ≤ c√(2R)) are a level
     shift that began at t-1, and every candidate restarts from those two observations,
     m = (y_(t-1) + y_t)/2, slope 0, p = diag(1/2, 0) (``alpha`` reads 1 at a restart); the
     weights are kept, as a shift changes the level, not the dynamics. c is the normal quantile
@@ -180,6 +180,19 @@ class AdaptiveEMA:
     def alpha(self) -> torch.Tensor:
         """The rate each slot used at its last update (NaN before its first)."""
         return self._t["alpha"]
+
+    @property
+    def std_error(self) -> torch.Tensor:
+        r"""Per slot, the standard error of :attr:`estimate` as an estimate of the level:
+        ``sqrt(Σ_k w_k (P_k R + (m_k - m)²))``, each candidate's Kalman posterior variance of its
+        level plus the spread of the candidates about the mixture (the mixture's posterior
+        variance, Magill 1965). NaN until the noise variance R is known (two observations).
+        Consumers that act only on a level confidently away from zero (the optimizer's decay)
+        read ``estimate - z · std_error``."""
+        t = self._t
+        w = torch.softmax(t["score"], 1)
+        spread = (t["level"] - t["mean"][:, None]).square()
+        return (w * (t["p_ll"] * t["r"][:, None] + spread)).sum(1).sqrt()
 
     @property
     def nonfinite_count(self) -> torch.Tensor:
@@ -305,9 +318,11 @@ class AdaptiveEMA:
         var_mix = (w * (s_norm * r_use + (pred - pred_mix[:, None]).square())).sum(1)
         z = (y - pred_mix) / var_mix.sqrt()
         prev_z = s["prev_z"]
-        # Two exceedances of one sign that agree (their difference is within the √2 c a pair of
-        # innovations about one shifted level spans) are a shift; a lone one is an outlier.
-        agree = (z - prev_z).abs() <= c * math.sqrt(2.0)
+        # Two exceedances of one sign that agree (the two observations differ by no more than the
+        # c √(2R) two noisy observations of one level do; a test on y, not on z, which also
+        # differs by the prediction's move between the two, a move that grows with the shift)
+        # are a shift; a lone one is an outlier.
+        agree = d2 <= c * c * 2.0 * torch.where(has_r, r_old, r_new)
         shift = (z.abs() > c) & (prev_z.abs() > c) & (z * prev_z > 0) & agree
 
         # Kalman update of every candidate (P = P⁻ - k kᵀ S, written without cancellation).

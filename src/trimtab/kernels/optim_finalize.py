@@ -143,7 +143,7 @@ def _ema_step(
     dev = pred - pred_mix[:, None]
     var_mix = tl.sum(tl.where(cm, w * (s_norm * r_use + dev * dev), 0.0), axis=1)
     z = (y - pred_mix) / tl.sqrt(var_mix)
-    agree = tl.abs(z - prev_z) <= c * 1.4142135623730951
+    agree = d2 <= c * c * 2.0 * r_sel  # the two observations differ as noise does
     shift = (tl.abs(z) > c) & (tl.abs(prev_z) > c) & (z * prev_z > 0) & agree
 
     k_l = a_ll / s_norm
@@ -176,8 +176,11 @@ def _ema_step(
     new_mean = anchor + tl.sum(tl.where(cm, w * (level - anchor[:, None]), 0.0), axis=1)
     new_alpha = tl.where(shift | first, 1.0, tl.sum(tl.where(cm, w * k_l, 0.0), axis=1))
     mean = tl.where(take, new_mean, mean)
-    tl.store(_ptr(tab, BASE + 0, tl.float32) + slot, mean, mask=ok)
     r = tl.where(take, tl.where(first, r_old, r_new), r_old)
+    # AdaptiveEMA.std_error: the mixture's posterior variance of the level.
+    spread = level - mean[:, None]
+    se = tl.sqrt(tl.sum(tl.where(cm, w * (p_ll * r[:, None] + spread * spread), 0.0), axis=1))
+    tl.store(_ptr(tab, BASE + 0, tl.float32) + slot, mean, mask=ok)
     tl.store(_ptr(tab, BASE + 1, tl.float32) + slot, r, mask=ok)
     tl.store(_ptr(tab, BASE + 2, tl.float32) + slot, tl.where(take, y, prev_obs), mask=ok)
     z_new = tl.where(take, tl.where(first, 0.0, z), prev_z)
@@ -185,7 +188,7 @@ def _ema_step(
     tl.store(_ptr(tab, BASE + 4, tl.float32) + slot, tl.where(take, new_alpha, alpha_old), mask=ok)
     tl.store(_ptr(tab, BASE + 5, tl.int64) + slot, count, mask=ok)
     tl.store(_ptr(tab, BASE + 6, tl.int64) + slot, nonf, mask=ok)
-    return mean
+    return mean, se
 
 
 @triton.jit
@@ -366,11 +369,12 @@ def _finalize_kernel(
         nf = count.to(tl.float64)
         take_e = eng & (nf > 0) & clamp_on
         frac = tl.where(take_e, kf / nf, float("nan")).to(tl.float32)
-        f = _ema_step(
+        f, _ = _ema_step(
             tab, EMA_WIDTH, TAIL, g, eng, frac, take_e,
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12,
             K, KP, META, TINY, DOF_MAX,
-        ).to(tl.float64)  # fmt: skip
+        )  # fmt: skip
+        f = f.to(tl.float64)
         z = (f - p) / tl.sqrt(p * (1.0 - p) / tl.maximum(nf, 1.0))
         stale = take_e & (z > tl.load(consts + 2))
         rate = tl.where(stale, (f - p) / f, 0.0).to(tl.float32)
@@ -399,12 +403,21 @@ def _finalize_kernel(
         chosen = tl.where(
             kind == 0, clamp_on, tl.where(kind == 1, auto_on, tl.where(kind == 2, l1_on, observed))
         )
-        est = _ema_step(
+        # Magnitudes (bound, quantiles) are folded as logarithms; a zero one is no observation.
+        log_kind = (kind == 0) | (kind >= 3)
+        obs = tl.where(log_kind, tl.log(obs), obs)
+        chosen = chosen & ~(log_kind & (obs == -float("inf")))
+        est, se = _ema_step(
             tab, 0, TAIL, slot, ok, obs, chosen,
             s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
             K, KP, META, TINY, DOF_MAX,
         )  # fmt: skip
-        tl.store(sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g, est, mask=ok)
+        # Decay: the lower confidence bound of the outward push, at most 1 / lr.
+        lcb = est - tl.load(consts + 2).to(tl.float32) * se
+        lcb = tl.where(lcb < 0.0, 0.0, lcb)  # clamp(min=0): NaN stays NaN
+        lcb = tl.where(lcb > 1.0 / lr, 1.0 / lr, lcb)
+        value = tl.where(log_kind, tl.exp(est), tl.where(kind == 1, lcb, est))
+        tl.store(sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g, value, mask=ok)
         tl.store(sel + g * 3 + (kind - 3), nxt, mask=ok & (kind >= 3))
         # Zero the workspaces for the next step.
         for start in range(0, G * INT_WIDTH, ZBLOCK):

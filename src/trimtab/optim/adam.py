@@ -25,17 +25,17 @@ __all__ = ["NORM_EPS", "SLOT_NAMES", "WEIGHT_BOUND_FLOOR", "Adam", "adam_slots"]
 #: The optimizer's slots, one value per parameter group each, in this order.
 SLOT_NAMES = ("weight_bound", "decay", "l1", "p99_w", "p99_m", "p99_v")
 _SLOT_DOCS = {
-    "weight_bound": "clamp bound of |w| per group: EMA of p99 |w|, raised by engagement",
-    "decay": "adaptive decoupled weight-decay rate per group (read as max(slot, 0))",
+    "weight_bound": "clamp bound of |w| per group: log-scale EMA of p99 |w|, raised by engagement",
+    "decay": "decoupled weight-decay rate per group: the equilibrium rate's lower confidence bound",
     "l1": "L1 soft threshold per unit lr per group (read as max(slot, 0))",
-    "p99_w": "EMA of the q-quantile of |w| per group (before the clamp)",
-    "p99_m": "EMA of the q-quantile of |Adam first moment| per group",
-    "p99_v": "EMA of the q-quantile of Adam second moment per group",
+    "p99_w": "log-scale EMA of the q-quantile of |w| per group (before the clamp)",
+    "p99_m": "log-scale EMA of the q-quantile of |Adam first moment| per group",
+    "p99_v": "log-scale EMA of the q-quantile of Adam second moment per group",
 }
 
 #: Cold-start floor of a weight bound (design invariant 3): the smallest normal float32. Only
-#: numerical: it keeps a bound measured on all-zero weights (a zero-initialised bias) positive;
-#: such a bound engages on every weight that moves, and the engagement correction lifts it.
+#: numerical: a p99 of zero is no observation (the slot is folded on a log scale), and the
+#: floor keeps a bound that the estimate puts below it positive.
 WEIGHT_BOUND_FLOOR = torch.finfo(torch.float32).tiny
 #: Guard of ‖w‖² in the decay rate's denominator against all-zero weights (numerical only).
 NORM_EPS = 1e-30
@@ -110,7 +110,9 @@ class Adam(torch.optim.Optimizer):
 
     **Weight clamp** (``weight_clamp=True``): ``|w| <= b``, ``b`` the group's ``weight_bound``
     slot read as ``max(slot, WEIGHT_BOUND_FLOOR)``, no clamp while unset. The slot is the EMA
-    of p99 ``|w|`` raised by :class:`~trimtab.EngagementCorrection`: a clamp at the p99 engages
+    of p99 ``|w|`` (folded on a log scale, as are the three quantile slots: their noise is
+    multiplicative, and ``exp`` of the estimate stays positive whatever the filter
+    extrapolates) raised by :class:`~trimtab.EngagementCorrection`: a clamp at the p99 engages
     on about 1% of weights by construction; a significantly higher rate means the weights are
     growing past a stale bound, and the observation is raised toward the observed max. No
     multiplier appears anywhere.
@@ -130,15 +132,27 @@ class Adam(torch.optim.Optimizer):
     :math:`2\eta\lambda_1 \sum_{L1}|w|` per step, so the observation is taken net of it,
     :math:`\lambda^* - \lambda_1 \sum_{L1}|w| / \|w\|^2`: decay adds only the shrink that L1
     does not already provide, instead of doubling it (which held back weights that had to grow).
-    The observation :math:`\lambda^*` is smoothed by the EMA and read as ``max(slot, 0)``: decay
-    applies only while the update, on average, pushes the weights outward (the second term is
-    the random-walk growth of a noisy step). It uses the Adam direction ``u``, not the gradient
-    ``g``, for two reasons: ``u`` is the step actually applied, so only it makes the
-    equilibrium exact; and ``u`` is invariant to the loss scale, so ``λ`` is too, whereas
-    ``|w·g|/‖w‖²`` has units of gradient per weight and would change if the loss were
-    multiplied by 100. The sign matters for the same reason: ``|w·g|`` would decay weights that
-    the loss is already pulling in. ``weight_decay=<float>`` fixes the rate, ``0`` switches it
-    off.
+    The observation :math:`\lambda^*` is smoothed by the EMA, and the rate applied is its
+    *lower confidence bound*, :math:`\lambda = \operatorname{clamp}(\hat\lambda - z\,
+    \mathrm{se}(\hat\lambda),\ 0,\ 1/\eta)` (``se`` the EMA's
+    :attr:`~trimtab.AdaptiveEMA.std_error`, ``z`` the engagement test's threshold at its
+    false-alarm probability; ``1/η``: a step never removes more than the whole weight). Decay
+    thus cancels only an outward push that is persistent enough to be measured with
+    confidence, which is what drift is: a push that never relents has a steady
+    :math:`\lambda^*` and a vanishing standard error, so the decay converges to
+    :math:`\lambda^*` and holds ``‖w‖`` (the weight-drift test). Applying the point estimate
+    instead, ``max(λ̂, 0)``, is a ratchet: every inward step shrinks ``‖w‖`` and every outward
+    one is cancelled, so the norm can fall but never rise, and a network that must grow its
+    weights to fit cannot (measured: a regression whose solution is 300x the initial weights
+    ended at 5% of the solution's norm, and CartPole's weight bound fell 7x before its return
+    collapsed). With the bound, weights that grow toward a solution grow (the push decays as
+    they approach it, so its estimate stays uncertain), and noise moves ``‖w‖`` both ways.
+    The sign matters: ``|w·g|`` would decay weights that the loss is already pulling in. It
+    uses the Adam direction ``u``, not the gradient ``g``: ``u`` is the step actually applied,
+    so only it makes the equilibrium exact, and ``u`` is invariant to the loss scale, so
+    ``λ`` is too, whereas ``|w·g|/‖w‖²`` has units of gradient per weight and would change if
+    the loss were multiplied by 100. ``weight_decay=<float>`` fixes the rate, ``0`` switches
+    it off.
 
     **L1 proximal step** (``l1=True``; on parameters of two or more dims, whose dim 1 is the
     input feature, e.g. a first ``nn.Linear`` over input features):
@@ -401,12 +415,24 @@ class Adam(torch.optim.Optimizer):
         bound_obs = self.engagement.correct(s[:, ref.Q_W])
         obs = torch.stack(
             [bound_obs, decay_obs, l1_obs, s[:, ref.Q_W], s[:, ref.Q_M], s[:, ref.Q_V]]
-        )
+        ).float()
         mask = torch.stack([clamp, auto, l1, seen, seen, seen])
-        est = self._ema.update(obs.reshape(-1).float(), mask.reshape(-1))
-        num_groups = len(groups)
+        # Magnitudes (the bound and the three quantiles) are folded as logarithms: their noise
+        # is multiplicative, and exp(estimate) is positive whatever the filter extrapolates. A
+        # zero magnitude (all-zero weights, a zero second moment) is no observation.
+        log_kind = self._const("log_kind", [True, False, False, True, True, True], torch.bool)
+        obs = torch.where(log_kind[:, None], obs.log(), obs)
+        mask = mask & ~(log_kind[:, None] & (obs == -math.inf))
+        z = self.engagement.z_threshold
+        est = self._ema.update(obs.reshape(-1), mask.reshape(-1)).view(len(SLOT_NAMES), -1)
+        se = self._ema.std_error.view(len(SLOT_NAMES), -1)
+        value = torch.where(log_kind[:, None], est.exp(), est)
+        # Decay acts on the lower confidence bound of the outward push, and never removes more
+        # than the whole weight in one step (lr * decay <= 1); see the class docs.
+        lcb = (est[1] - z * se[1]).clamp(min=0.0)
+        value[1] = torch.minimum(lcb, 1.0 / lr)
         for i, name in enumerate(SLOT_NAMES):
-            self._slot(name).copy_(est[i * num_groups : (i + 1) * num_groups])
+            self._slot(name).copy_(value[i])
 
     # --- the Triton path: one update launch per group, one finalize launch per step ----------
     def _init_kernel_state(self, num_groups: int) -> None:
