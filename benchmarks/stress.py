@@ -1,6 +1,9 @@
 """Stress proof: seeds x {adaptive, fixed, off} x {default market, stress market}.
 
     python benchmarks/stress.py [--seeds 5] [--steps 400] [--device cpu] [--quick] [--out PATH]
+    # one shard of a parallel run, then the table of all shards:
+    python benchmarks/stress.py --seed-list 3 --modes off --markets stress --out shard.json
+    python benchmarks/stress.py --seed-list --merge shard*.json
 
 Each cell is a full walk-forward run (``on_nonfinite = "halt"``). The stress market is the
 embedded market's stress preset: a crash segment late in the data (volatility x20 and a mean
@@ -107,14 +110,19 @@ def main(argv: list[str] | None = None) -> dict:
         default=[],
         help="also tabulate the rows of these earlier result files",
     )
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument(
+        "--seed-list", nargs="*", type=int, default=None, help="run these seeds (one shard)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     seeds = 1 if args.quick else args.seeds
     steps = 10 if args.quick else args.steps
+    seed_list = list(range(seeds)) if args.seed_list is None else args.seed_list
     rows = []
     for stress in [m == "stress" for m in args.markets]:
-        for mode in MODES:
-            for seed in range(seeds):
+        for mode in args.modes:
+            for seed in seed_list:
                 rows.append(cell(seed, mode, stress, steps, args.device, args.quick))
                 r = rows[-1]
                 print(f"{r['market']:8s} {mode:9s} seed {seed}: finite folds "
@@ -124,6 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows += json.loads(path.read_text())["rows"]
     print()
     print(table(rows))
+    seeds = len({r["seed"] for r in rows})
     result = {"benchmark": "stress", **provenance(args.device), "seeds": seeds,
               "steps_per_fold": steps, "quick": args.quick, "rows": rows}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
