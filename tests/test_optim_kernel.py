@@ -297,12 +297,14 @@ def test_finalize_kernel_matches_the_torch_finalize(kernel_device, monkeypatch, 
     a = topt.Adam(_groups(ps), lr=3e-2, impl="triton")
     b = topt.Adam(_groups(qs), lr=3e-2, impl="triton")
     b._finalize_impl = "torch"
-    for _ in range(12):
+    for step in range(12):
         for p, q in zip(ps, qs):
-            p.grad = torch.randn_like(p) + 0.5 * torch.sign(p.detach())  # outward: engages
+            # Outward (the clamp engages) and growing (so the decay applies from step 3 on).
+            p.grad = (1.0 + step) ** 2 * (torch.randn_like(p) - 0.5 * torch.sign(p.detach()))
             q.grad = p.grad.clone()
         a.step()
         b.step()
+    assert (a.state_vector["adam_decay"] > 0).any()  # the gated decay path ran
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(a.state[p]["step"], b.state[q]["step"], rtol=0, atol=0)

@@ -11,9 +11,9 @@ Update (``_adam_kernel``, one launch per group)
 Reads ``w, g, m, v`` once and writes ``w, m, v`` once (28 bytes per float32 parameter, as
 ``torch.optim.AdamW(fused=True)``); the decay rate, L1 threshold and weight bound are read from
 the state-vector slots inside the kernel. With statistics on, the kernel also reduces the group
-to ``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, the finite count, the clamp's engagement count and
-the max ``|w|``, and the *sampled* chunks add two 256-bin histograms each of ``|w|``, ``|m|``,
-``|v|`` to the group's workspace.
+to ``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, the finite count, the clamp's engagement count,
+the max ``|w|`` and ``Σ g², Σ v̂`` (the gradient-growth statistic), and the *sampled* chunks
+add two 256-bin histograms each of ``|w|``, ``|m|``, ``|v|`` to the group's workspace.
 
 Programs. The pointer table cuts each tensor into blocks of ``BLOCK`` = 4096 elements; program
 ``p`` steps blocks ``[p K, (p + 1) K)`` (``K`` from :func:`blocks_per_program`: about
@@ -23,17 +23,18 @@ read and written with unmasked 16-byte accesses; the pointers come from a table,
 that branch and its ``tl.multiple_of`` hint every access was a 4-byte one (and the kernel
 needed 208 registers a thread: one CTA per multiprocessor). The statistics accumulate per lane
 over all of a program's chunks and are reduced once per program (one multi-operand
-``tl.reduce``, six to eight scalar atomics), not once per block: at 100M parameters a
+``tl.reduce``, eight to ten scalar atomics), not once per block: at 100M parameters a
 per-block reduction and its atomics cost more than the update itself.
 
 Replicated partials. A group's ``parts`` workspace holds ``R`` replicas (``REPLICAS`` = 256, a
-power of two) of one 32-byte row ``[Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|`` (float32 bits),
-``engaged, max |w| bits, finite]`` (int32), and program ``p`` adds to replica ``p % R``, so
-no two programs of a wave contend for an address. The finalize reduces the ``R`` rows (a
-vectorised ``tl.sum`` / ``tl.max``) and zeroes them. The partial sums stay float32: each lane
-adds its own elements, each program adds its lanes pairwise, the finalize adds the replicas
-pairwise, so only the summation order (hence the last bits) differs from the reference's. The
-counts are summed in int64, the max is an integer max of the non-negative float bits (exact).
+power of two) of one 40-byte row ``[Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|`` (float32 bits),
+``engaged, max |w| bits, finite`` (int32), ``Σ g², Σ v̂]`` (float32 bits), and program ``p``
+adds to replica ``p % R``, so no two programs of a wave contend for an address. The finalize
+reduces the ``R`` rows (a vectorised ``tl.sum`` / ``tl.max``) and zeroes them. The partial sums
+stay float32: each lane adds its own elements, each program adds its lanes pairwise, the
+finalize adds the replicas pairwise, so only the summation order (hence the last bits) differs
+from the reference's. The counts are summed in int64, the max is an integer max of the non-
+negative float bits (exact).
 
 Sampling. ``tl.histogram`` costs compute proportional to its bin count on every element
 (Triton lowers it to warp ballots: about 2.3 ps per element per 256 bins on the H200, a
@@ -106,14 +107,15 @@ INT_UNDER = 0  # 3 entries
 HIST_OFFSET = 4
 WINDOW_OFFSET = HIST_OFFSET + 3 * BINS
 INT_WIDTH = WINDOW_OFFSET + 3 * BINS
-# int32 scalar partials per group: REPLICAS rows of PART_WIDTH words (one 32-byte sector each),
-# program p adding to row p % REPLICAS. Words 0..NUM_SUMS-1 hold float32 sums in the reference
-# row's order (Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|), then the clamp's engagement count, the bits
-# of the max |w| and the finite count.
+# int32 scalar partials per group: REPLICAS rows of PART_WIDTH words, program p adding to row
+# p % REPLICAS. Words 0..NUM_SUMS-1 hold float32 sums in the reference row's order (Σ w·u, Σ w²,
+# Σ u², Σ|u|, Σ_{L1}|w|), then the clamp's engagement count, the bits of the max |w| and the
+# finite count, then the float32 Σ g² and Σ v̂ of the gradient-growth statistic.
 REPLICAS = 256
 NUM_SUMS = 5
 PART_ENGAGED, PART_MAXBITS, PART_FINITE = 5, 6, 7
-PART_WIDTH = 8
+PART_GG, PART_VHAT = 8, 9
+PART_WIDTH = 10
 REDUCE_TILE = 2048  # elements of one finalize load of the replicas: [groups, replicas]
 NONFINITE_BITS = 0x7F800000
 # Entries of the finalize's pointer table (see ``Adam._finalize_table``).
@@ -139,9 +141,14 @@ def sample_stride(numel: int) -> int:
 
 # --- the update -----------------------------------------------------------------------------
 @triton.jit
-def _add_stats(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+def _add_stats(
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9
+):  # fmt: skip
     """Combine of the statistics' one multi-operand reduction (PART_* order; 6 is a max)."""
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, tl.maximum(a6, b6), a7 + b7
+    return (
+        a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, tl.maximum(a6, b6), a7 + b7,
+        a8 + b8, a9 + b9,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -212,6 +219,8 @@ def _adam_kernel(
     acc_eng = tl.zeros([SUB], tl.int32)
     acc_max = tl.zeros([SUB], tl.int32)
     acc_fin = tl.zeros([SUB], tl.int32)
+    acc_gg = tl.zeros([SUB], tl.float32)
+    acc_vh = tl.zeros([SUB], tl.float32)
     ph = 0
     if STATS:
         ph = tl.load(phase)
@@ -247,29 +256,36 @@ def _adam_kernel(
             vp = tl.multiple_of(vp, 16)
             for c in range(0, BLOCK, SUB):
                 offs = tl.multiple_of(start + c, SUB) + lane
-                acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin = _chunk(
+                (acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
+                 acc_vh) = _chunk(
                     wp, gp, mp, vp, offs, n, True, (chunk0 + c // SUB) % stride == 0, prox,
-                    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
-                    decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
+                    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
+                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps,
+                    ints, sel,
                     STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
                 )  # fmt: skip
         else:
             for c in range(0, BLOCK, SUB):
                 offs = start + c + lane
-                acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin = _chunk(
+                (acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
+                 acc_vh) = _chunk(
                     wp, gp, mp, vp, offs, n, False, (chunk0 + c // SUB) % stride == 0, prox,
-                    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
-                    decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
+                    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
+                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps,
+                    ints, sel,
                     STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
                 )  # fmt: skip
     if STATS:
-        s_wu, s_ww, s_uu, s_au, s_l1, n_eng, max_bits, n_fin = tl.reduce(
-            (acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin), 0, _add_stats
+        s_wu, s_ww, s_uu, s_au, s_l1, n_eng, max_bits, n_fin, s_gg, s_vh = tl.reduce(
+            (acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg, acc_vh),
+            0,
+            _add_stats,
         )
         # This program's replica of the scalar partials: no two programs of a wave share one.
         rs = sums + (pid % REPLICAS) * PART_WIDTH
         ri = parts + (pid % REPLICAS) * PART_WIDTH
-        # Words as PART_* above: 0..4 the float sums, 5 engaged, 6 max |w| bits, 7 finite.
+        # Words as PART_* above: 0..4 the float sums, 5 engaged, 6 max |w| bits, 7 finite,
+        # 8 Σ g², 9 Σ v̂.
         tl.atomic_add(rs + 0, s_wu, sem="relaxed")
         tl.atomic_add(rs + 1, s_ww, sem="relaxed")
         tl.atomic_add(rs + 2, s_uu, sem="relaxed")
@@ -280,12 +296,14 @@ def _adam_kernel(
             tl.atomic_add(ri + 5, n_eng, sem="relaxed")
         tl.atomic_max(ri + 6, max_bits, sem="relaxed")
         tl.atomic_add(ri + 7, n_fin, sem="relaxed")
+        tl.atomic_add(rs + 8, s_gg, sem="relaxed")
+        tl.atomic_add(rs + 9, s_vh, sem="relaxed")
 
 
 @triton.jit
 def _chunk(
     wp, gp, mp, vp, offs, n, FULL: tl.constexpr, sampled, prox,
-    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin,
+    acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg, acc_vh,
     decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
     STATS: tl.constexpr, L1: tl.constexpr, CLAMP: tl.constexpr, BINS: tl.constexpr,
     CSHIFT: tl.constexpr, FSHIFT: tl.constexpr, UNDER: tl.constexpr,
@@ -333,7 +351,9 @@ def _chunk(
             acc_wu += tl.where(mask, w * u, 0.0)
             acc_uu += tl.where(mask, u * u, 0.0)
             acc_au += tl.where(mask, tl.abs(u), 0.0)
-        acc_ww += w * w  # masked lanes loaded 0
+        acc_ww += w * w  # masked lanes loaded 0 (and so have g = v = 0)
+        acc_gg += g * g
+        acc_vh += v / (bc2_sqrt * bc2_sqrt)
         if L1:
             acc_l1 += tl.where(mask & prox, tl.abs(w), 0.0)
         a_bits = a.to(tl.int32, bitcast=True)
@@ -346,7 +366,7 @@ def _chunk(
         if sampled:
             _histograms(a_bits, m, v, mask, ints, sel, BINS, CSHIFT, FSHIFT, UNDER,
                         HIST_OFFSET, WINDOW_OFFSET)  # fmt: skip
-    return acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin
+    return acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg, acc_vh
 
 
 @triton.jit

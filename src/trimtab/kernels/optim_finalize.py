@@ -26,7 +26,9 @@ from trimtab.kernels.optim import (
     NUM_SUMS,
     PART_ENGAGED,
     PART_FINITE,
+    PART_GG,
     PART_MAXBITS,
+    PART_VHAT,
     PART_WIDTH,
     PHASE_PERIOD,
     REDUCE_TILE,
@@ -238,7 +240,8 @@ def _reduce_parts(
     RB: tl.constexpr,
 ):
     """Each group's scalar partials reduced over its ``REPLICAS`` rows, ``[GP]`` each: the five
-    float32 sums, the engagement and finite counts (int64) and the max ``|w|`` bits (int32)."""
+    float32 sums, the engagement and finite counts (int64), the max ``|w|`` bits (int32) and
+    the float32 ``Σ g², Σ v̂``."""
     gp = tl.arange(0, GP)
     rr = tl.arange(0, RB)
     s0 = tl.zeros([GP], tl.float32)
@@ -249,6 +252,8 @@ def _reduce_parts(
     engaged = tl.zeros([GP], tl.int64)
     finite = tl.zeros([GP], tl.int64)
     maxbits = tl.zeros([GP], tl.int32)
+    s_gg = tl.zeros([GP], tl.float32)
+    s_vh = tl.zeros([GP], tl.float32)
     for r0 in range(0, REPLICAS, RB):
         r = r0 + rr
         off = (gp[:, None] * REPLICAS + r[None, :]) * PART_WIDTH
@@ -262,7 +267,9 @@ def _reduce_parts(
         mb = tl.max(tl.load(parts + off + 6, mask=gm, other=0), axis=1)
         maxbits = tl.maximum(maxbits, mb)
         finite += tl.sum(tl.load(parts + off + 7, mask=gm, other=0).to(tl.int64), axis=1)
-    return s0, s1, s2, s3, s4, engaged, finite, maxbits
+        s_gg += tl.sum(tl.load(sums + off + 8, mask=gm, other=0.0), axis=1)
+        s_vh += tl.sum(tl.load(sums + off + 9, mask=gm, other=0.0), axis=1)
+    return s0, s1, s2, s3, s4, engaged, finite, maxbits, s_gg, s_vh
 
 
 @triton.jit
@@ -316,15 +323,15 @@ def _finalize_kernel(
     if STATS:
         # --- load everything ----------------------------------------------------------------
         # Lane i is (slot kind i // GP, group i % GP): kinds weight_bound, decay, l1, p99_w,
-        # p99_m, p99_v, in the slot EMA's order (kind * G + group).
+        # p99_m, p99_v, grad_growth, in the slot EMA's order (kind * G + group).
         i = tl.arange(0, 8 * GP)
         kind = i // GP
         g = i % GP
-        ok = (kind < 6) & (g < G)
+        ok = (kind < 7) & (g < G)
         row = ints + g * INT_WIDTH
         flag = tl.load(flags + g, mask=ok, other=0)
         # The scalar partials: reduced over the replicas per group, then spread to the lanes.
-        r_wu, r_ww, r_uu, r_au, r_l1w, r_eng, r_fin, r_max = _reduce_parts(
+        r_wu, r_ww, r_uu, r_au, r_l1w, r_eng, r_fin, r_max, r_gg, r_vh = _reduce_parts(
             sums, parts, G, GR, REPLICAS, PART_WIDTH, RB
         )
         s_wu = _lanes(r_wu, g, ok, GR)
@@ -335,12 +342,15 @@ def _finalize_kernel(
         engaged = _lanes(r_eng, g, ok, GR)
         max_w = _lanes(r_max, g, ok, GR).to(tl.float32, bitcast=True)
         count = _lanes(r_fin, g, ok, GR)
+        s_gg = _lanes(r_gg, g, ok, GR)
+        s_vh = _lanes(r_vh, g, ok, GR)
         lr = tl.load(lrs + g, mask=ok, other=0.0)
         dfc = tl.load(deficit + g, mask=ok, other=0.0)
         sv = _ptr(tab, TAIL + 4, tl.float32)
         l1_slot = tl.load(sv + tl.load(slot_offsets + 2) + g, mask=ok, other=0.0)
+        growth_slot = tl.load(sv + tl.load(slot_offsets + 6) + g, mask=ok, other=0.0)
         qk = tl.where(kind == 4, 1, tl.where(kind == 5, 2, 0))
-        need = ok & ((kind == 0) | (kind >= 3))
+        need = ok & ((kind == 0) | ((kind >= 3) & (kind <= 5)))
         q, nxt = _window_quantile(
             row, sel + g * 3, qk, need, tl.load(consts + 0),
             BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
@@ -397,14 +407,16 @@ def _finalize_kernel(
         ww = tl.where(s_ww < NORM_EPS, NORM_EPS, s_ww)
         decay_obs = (-s_wu + 0.5 * lr * s_uu - l1_coef * s_l1w) / ww
         l1_obs = dfc * s_au / count.to(tl.float32)
+        growth_obs = tl.log(s_gg / s_vh)  # 0/0, log 0: not finite, ignored
         obs = tl.where(
             kind == 0, bound_obs, tl.where(kind == 1, decay_obs, tl.where(kind == 2, l1_obs, q))
         )
+        obs = tl.where(kind == 6, growth_obs, obs)
         chosen = tl.where(
             kind == 0, clamp_on, tl.where(kind == 1, auto_on, tl.where(kind == 2, l1_on, observed))
         )
         # Magnitudes (bound, quantiles) are folded as logarithms; a zero one is no observation.
-        log_kind = (kind == 0) | (kind >= 3)
+        log_kind = (kind == 0) | ((kind >= 3) & (kind <= 5))
         obs = tl.where(log_kind, tl.log(obs), obs)
         chosen = chosen & ~(log_kind & (obs == -float("inf")))
         est, se = _ema_step(
@@ -412,13 +424,16 @@ def _finalize_kernel(
             s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
             K, KP, META, TINY, DOF_MAX,
         )  # fmt: skip
-        # Decay: the lower confidence bound of the outward push, at most 1 / lr.
-        lcb = est - tl.load(consts + 2).to(tl.float32) * se
-        lcb = tl.where(lcb < 0.0, 0.0, lcb)  # clamp(min=0): NaN stays NaN
+        # Decay: the lower confidence bound of the outward push, at most 1 / lr, while the
+        # gradient scale was significantly rising at the last step (growth slot > 0).
+        bound_lo = est - tl.load(consts + 2).to(tl.float32) * se
+        lcb = tl.where(bound_lo < 0.0, 0.0, bound_lo)  # clamp(min=0): NaN stays NaN
         lcb = tl.where(lcb > 1.0 / lr, 1.0 / lr, lcb)
+        lcb = tl.where(growth_slot > 0.0, lcb, 0.0)
         value = tl.where(log_kind, tl.exp(est), tl.where(kind == 1, lcb, est))
+        value = tl.where(kind == 6, bound_lo, value)
         tl.store(sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g, value, mask=ok)
-        tl.store(sel + g * 3 + (kind - 3), nxt, mask=ok & (kind >= 3))
+        tl.store(sel + g * 3 + (kind - 3), nxt, mask=ok & (kind >= 3) & (kind <= 5))
         # Zero the workspaces for the next step.
         for start in range(0, G * INT_WIDTH, ZBLOCK):
             zo = start + tl.arange(0, ZBLOCK)
@@ -482,13 +497,15 @@ def finalize_triton(
 
 
 def parts_reference(parts: torch.Tensor) -> torch.Tensor:
-    """``[G, NUM_SUMS + 3]`` float32 from the ``parts`` workspace ``[G, R, PART_WIDTH]``, in the
+    """``[G, NUM_SUMS + 5]`` float32 from the ``parts`` workspace ``[G, R, PART_WIDTH]``, in the
     reference row's order (``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, finite count, engagement
-    count, max ``|w|``): the torch reference of the finalize's reduction over the replicas."""
+    count, max ``|w|``), then ``Σ g², Σ v̂``: the torch reference of the finalize's reduction
+    over the replicas."""
     sums = parts[..., :NUM_SUMS].contiguous().view(torch.float32).sum(dim=1)
     counts = parts[..., [PART_FINITE, PART_ENGAGED]].to(torch.int64).sum(dim=1)
     max_bits = parts[..., PART_MAXBITS].amax(dim=1, keepdim=True)
-    return torch.cat([sums, counts.float(), max_bits.view(torch.float32)], dim=1)
+    growth = parts[..., [PART_GG, PART_VHAT]].contiguous().view(torch.float32).sum(dim=1)
+    return torch.cat([sums, counts.float(), max_bits.view(torch.float32), growth], dim=1)
 
 
 def window_quantiles_reference(

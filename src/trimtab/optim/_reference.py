@@ -16,7 +16,8 @@ from trimtab.quantile import abs_quantile
 # Columns of the per-group raw statistics row, shared by the reference and the kernel path.
 SUM_WU, SUM_WW, SUM_UU, SUM_ABS_U, SUM_L1_W, COUNT, ENGAGED = range(7)
 MAX_W, Q_W, Q_M, Q_V, DEFICIT = range(7, 12)
-NUM_STATS = 12
+SUM_GG, SUM_VHAT = 12, 13
+NUM_STATS = 14
 
 
 def feature_axis_sq_norms(g: torch.Tensor) -> torch.Tensor:
@@ -90,6 +91,7 @@ def adam_group_step_reference(
     device = params[0].device if params else torch.device("cpu")
     zero = torch.zeros((), dtype=torch.float32, device=device)
     sums = [zero.clone() for _ in range(5)]
+    growth = [zero.clone(), zero.clone()]  # Σ g², Σ v̂
     count = zero.clone()
     engaged = zero.clone()
     max_w = zero.clone()
@@ -128,6 +130,9 @@ def adam_group_step_reference(
             else:
                 u = exp_avg / (bias_correction1 * denom)
             w = param.detach()
+            bc2 = bias_correction2_sqrt * bias_correction2_sqrt
+            growth[0] += grad.square().sum().float()
+            growth[1] += (exp_avg_sq / bc2).sum().float()
             sums[0] += (w * u).sum().float()
             sums[1] += w.square().sum().float()
             sums[2] += u.square().sum().float()
@@ -176,4 +181,4 @@ def adam_group_step_reference(
         )
     ]
     deficit = entropy_deficit(col_sq, device).float()
-    return torch.stack([*sums, count, engaged, max_w, *q, deficit])
+    return torch.stack([*sums, count, engaged, max_w, *q, deficit, *growth])

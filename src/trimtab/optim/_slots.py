@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 #: The optimizer's slots, one value per parameter group each, in this order.
-SLOT_NAMES = ("weight_bound", "decay", "l1", "p99_w", "p99_m", "p99_v")
+SLOT_NAMES = ("weight_bound", "decay", "l1", "p99_w", "p99_m", "p99_v", "grad_growth")
 _SLOT_DOCS = {
     "weight_bound": "clamp bound of |w| per group: log-scale EMA of p99 |w|, raised by engagement",
     "decay": "decoupled weight-decay rate per group: the equilibrium rate's lower confidence bound",
@@ -13,6 +13,8 @@ _SLOT_DOCS = {
     "p99_w": "log-scale EMA of the q-quantile of |w| per group (before the clamp)",
     "p99_m": "log-scale EMA of the q-quantile of |Adam first moment| per group",
     "p99_v": "log-scale EMA of the q-quantile of Adam second moment per group",
+    "grad_growth": "lower confidence bound of the EMA of log(Σ g² / Σ v̂) per group: > 0 while "
+    "the gradient scale is significantly rising (decay applies only then)",
 }
 
 #: Cold-start floor of a weight bound (design invariant 3): the smallest normal float32. Only

@@ -161,7 +161,8 @@ class TritonPath:
 
         if any(observed):
             q, nxt = kern.window_quantiles_reference(self._ints, self._sel, self.quantile)
-            s = torch.cat([kern.parts_reference(self._parts), q, self._deficit[:, None]], dim=1)
+            parts = kern.parts_reference(self._parts)
+            s = torch.cat([parts[:, :8], q, self._deficit[:, None], parts[:, 8:]], dim=1)
             l1_coef = torch.fmax(self._slot("l1"), torch.zeros((), device=self.device))
             self._fold(s, observed, l1_coef)
             self._sel.copy_(nxt)

@@ -76,20 +76,20 @@ class Adam(TritonPath, torch.optim.Optimizer):
     ``weight_decay=<float>``, ``weight_clamp=False`` and ``l1=False`` the arithmetic is exactly
     ``torch.optim.AdamW``'s.
 
-    **Statistics oracle.** The same pass over ``w, g, m, v`` yields, per group,
-    ``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, the q-quantile of ``|w|`` (after the update, before
-    the clamp), ``|m|`` and ``|v|``, the clamp's engagement count and the max ``|w|``; each
-    step's observation is folded into the slots by an :class:`~trimtab.AdaptiveEMA`. The
-    coefficients a step uses come from the slots as they stood before it (one step of lag, so
-    the kernel reads every tensor once). The reference
+    **Statistics oracle.** The same pass over ``w, g, m, v`` yields, per group, ``Σ w·u, Σ w², Σ
+    u², Σ|u|, Σ_{L1}|w|, Σ g², Σ v̂``, the q-quantile of ``|w|`` (after the update, before the
+    clamp), ``|m|`` and ``|v|``, the clamp's engagement count and the max ``|w|``; each step's
+    observation is folded into the slots by an :class:`~trimtab.AdaptiveEMA`. The coefficients a
+    step uses come from the slots as they stood before it (one step of lag, so the kernel reads
+    every tensor once). The reference
     (:func:`trimtab.optim._reference.adam_group_step_reference`, the CPU path) takes exact
     quantiles. On CUDA (:mod:`trimtab.kernels.optim`) a step is one fused update launch per
     group, whose sums cover every element and whose quantiles come from a rotating systematic
-    sample of blocks (at least 2**17 elements, every block once per at most 64 steps), read
-    to within 2**-8 below the sampled order statistic (within a factor 2 below on a step where
-    the quantile moves by more than √2), then one finalize launch for all groups (quantiles,
-    engagement correction, both EMAs, slots, step counters): two launches in all for one group,
-    no host sync, capturable in a CUDA graph.
+    sample of 1024-element chunks (at least 2**17 elements, every chunk once per at most 64
+    steps), read to within 2**-8 below the sampled order statistic (within a factor 2 below on a
+    step where the quantile moves by more than √2), then one finalize launch for all groups
+    (quantiles, engagement correction, both EMAs, slots, step counters): two launches in all for
+    one group, no host sync, capturable in a CUDA graph.
 
     **Weight clamp** (``weight_clamp=True``): ``|w| <= b``, ``b`` the group's ``weight_bound``
     slot read as ``max(slot, WEIGHT_BOUND_FLOOR)``, no clamp while unset. The slot is the EMA
@@ -115,27 +115,39 @@ class Adam(TritonPath, torch.optim.Optimizer):
     :math:`2\eta\lambda_1 \sum_{L1}|w|` per step, so the observation is taken net of it,
     :math:`\lambda^* - \lambda_1 \sum_{L1}|w| / \|w\|^2`: decay adds only the shrink that L1
     does not already provide, instead of doubling it (which held back weights that had to grow).
-    The observation :math:`\lambda^*` is smoothed by the EMA, and the rate applied is its
-    *lower confidence bound*, :math:`\lambda = \operatorname{clamp}(\hat\lambda - z\,
-    \mathrm{se}(\hat\lambda),\ 0,\ 1/\eta)` (``se`` the EMA's
-    :attr:`~trimtab.AdaptiveEMA.std_error`, ``z`` the engagement test's threshold at its
-    false-alarm probability; ``1/η``: a step never removes more than the whole weight). Decay
-    thus cancels only an outward push that is persistent enough to be measured with
-    confidence, which is what drift is: a push that never relents has a steady
-    :math:`\lambda^*` and a vanishing standard error, so the decay converges to
-    :math:`\lambda^*` and holds ``‖w‖`` (the weight-drift test). Applying the point estimate
-    instead, ``max(λ̂, 0)``, is a ratchet: every inward step shrinks ``‖w‖`` and every outward
-    one is cancelled, so the norm can fall but never rise, and a network that must grow its
-    weights to fit cannot (measured: a regression whose solution is 300x the initial weights
-    ended at 5% of the solution's norm, and CartPole's weight bound fell 7x before its return
-    collapsed). With the bound, weights that grow toward a solution grow (the push decays as
-    they approach it, so its estimate stays uncertain), and noise moves ``‖w‖`` both ways.
-    The sign matters: ``|w·g|`` would decay weights that the loss is already pulling in. It
-    uses the Adam direction ``u``, not the gradient ``g``: ``u`` is the step actually applied,
-    so only it makes the equilibrium exact, and ``u`` is invariant to the loss scale, so
-    ``λ`` is too, whereas ``|w·g|/‖w‖²`` has units of gradient per weight and would change if
-    the loss were multiplied by 100. ``weight_decay=<float>`` fixes the rate, ``0`` switches
-    it off.
+    The observation :math:`\lambda^*` is smoothed by the EMA. Applying it whenever it is
+    positive (whenever the update pushes the weights outward) is wrong twice over. It is a
+    ratchet: inward steps shrink ``‖w‖`` and outward ones are cancelled, so the norm can fall but
+    never rise. And a steady outward push is not drift: weights growing toward a distant
+    solution are pushed outward just as steadily (under Adam, whose step has unit scale,
+    identically), until they arrive. Measured: a regression whose solution has 300x the norm of
+    the initial weights ended at 5% of it, and CartPole's weight bound fell 7x before its return
+    collapsed. What tells the two apart is the gradient: approaching a solution it shrinks;
+    in the runaway this optimizer exists for (Bellman targets inflate, gradients grow, Adam's
+    second moment saturates, weights follow) it grows. So the same pass measures
+    :math:`\rho = \sum g^2 / \sum \hat v` (this step's squared gradient against its
+    bias-corrected long-run mean: about 1 while the gradient scale is steady, above 1 while it
+    rises), folds :math:`\log\rho` into the slot ``grad_growth`` as its lower confidence bound
+    (estimate minus ``z`` standard errors, :attr:`~trimtab.AdaptiveEMA.std_error`, ``z`` the
+    engagement test's threshold at its false-alarm probability), and the rate applied is
+
+    .. math::
+        \lambda = \begin{cases}\operatorname{clamp}(\hat\lambda - z\,\mathrm{se}(\hat\lambda),
+        \ 0,\ 1/\eta) & \text{if grad\_growth} > 0 \text{ (last step)} \\
+        0 & \text{otherwise:}\end{cases}
+
+    decay holds ``‖w‖`` only while the gradient scale is significantly rising and the outward
+    push is confidently there; ``1/η``: a step never removes more than the whole weight. Under
+    a loss that pushes outward forever with a growing gradient (the weight-drift test) the
+    decay switches on and holds the weights in a shallow limit cycle; toward a solution, under
+    gradient noise, and at a stationary gradient scale it stays off. A push whose gradient
+    does not grow (a loss linear in ``w``) is not held by decay; the weight clamp and its
+    engagement correction bound it. The sign matters: ``|w·g|`` would decay weights that the
+    loss is already pulling in. It uses the Adam direction ``u``, not the gradient ``g``:
+    ``u`` is the step actually applied, so only it makes the equilibrium exact, and ``u`` is
+    invariant to the loss scale, so ``λ`` is too (as is ``ρ``), whereas ``|w·g|/‖w‖²`` has
+    units of gradient per weight and would change if the loss were multiplied by 100.
+    ``weight_decay=<float>`` fixes the rate, ``0`` switches it off.
 
     **L1 proximal step** (``l1=True``; on parameters of two or more dims, whose dim 1 is the
     input feature, e.g. a first ``nn.Linear`` over input features):
@@ -153,7 +165,8 @@ class Adam(TritonPath, torch.optim.Optimizer):
     a weight survives only if its gradient signal is consistently stronger than that.
 
     **State vector** (``state_vector=None``: its own) with the slots of :func:`adam_slots`:
-    ``{prefix}_weight_bound, _decay, _l1, _p99_w, _p99_m, _p99_v``, one value per group. Its
+    ``{prefix}_weight_bound, _decay, _l1, _p99_w, _p99_m, _p99_v, _grad_growth``, one value
+    per group. Its
     fingerprint goes into :meth:`state_dict`; a mismatched layout refuses to load.
 
     **Reset**: :meth:`reset_state` zeroes moments and step counts and forgets every estimate;
@@ -396,15 +409,20 @@ class Adam(TritonPath, torch.optim.Optimizer):
         l1_obs = s[:, ref.DEFICIT] * s[:, ref.SUM_ABS_U] / count  # 0/0 -> NaN: ignored
         self.engagement.observe(s[:, ref.ENGAGED], count, s[:, ref.MAX_W], mask=clamp)
         bound_obs = self.engagement.correct(s[:, ref.Q_W])
+        growth_obs = (s[:, ref.SUM_GG] / s[:, ref.SUM_VHAT]).log()  # 0/0, log 0: ignored
         obs = torch.stack(
-            [bound_obs, decay_obs, l1_obs, s[:, ref.Q_W], s[:, ref.Q_M], s[:, ref.Q_V]]
+            [bound_obs, decay_obs, l1_obs, s[:, ref.Q_W], s[:, ref.Q_M], s[:, ref.Q_V], growth_obs]
         ).float()
-        mask = torch.stack([clamp, auto, l1, seen, seen, seen])
+        mask = torch.stack([clamp, auto, l1, seen, seen, seen, seen])
         # Magnitudes (the bound and the three quantiles) are folded as logarithms: their noise
         # is multiplicative, and exp(estimate) is positive whatever the filter extrapolates. A
         # zero magnitude (all-zero weights, a zero second moment) is no observation.
-        log_kind = self._const("log_kind", [True, False, False, True, True, True], torch.bool)
+        log_kind = self._const(
+            "log_kind", [True, False, False, True, True, True, False], torch.bool
+        )
         obs = torch.where(log_kind[:, None], obs.log(), obs)
+        # Decay applies while the gradient scale was significantly rising at the last step.
+        runaway = self._slot("grad_growth") > 0.0
         mask = mask & ~(log_kind[:, None] & (obs == -math.inf))
         z = self.engagement.z_threshold
         est = self._ema.update(obs.reshape(-1), mask.reshape(-1)).view(len(SLOT_NAMES), -1)
@@ -413,7 +431,8 @@ class Adam(TritonPath, torch.optim.Optimizer):
         # Decay acts on the lower confidence bound of the outward push, and never removes more
         # than the whole weight in one step (lr * decay <= 1); see the class docs.
         lcb = (est[1] - z * se[1]).clamp(min=0.0)
-        value[1] = torch.minimum(lcb, 1.0 / lr)
+        value[1] = torch.where(runaway, torch.minimum(lcb, 1.0 / lr), 0.0)
+        value[6] = est[6] - z * se[6]
         for i, name in enumerate(SLOT_NAMES):
             self._slot(name).copy_(value[i])
 
