@@ -353,3 +353,18 @@ def test_a_shift_thousands_of_noise_sds_large_is_followed():
     for _ in range(3):
         ema.update(0.26 + 1e-3 * torch.randn(1, generator=gen))
     assert abs(ema.estimate.item() - 0.26) < 0.01
+
+
+def test_update_log_stays_positive_after_a_tenfold_drop_and_skips_zeros():
+    """Magnitudes folded on a log scale: the trend filters cannot extrapolate a sharp drop below
+    zero (on a linear scale a negative bound made every value fire the trainer's sentinel), and
+    a zero magnitude is no observation rather than a non-finite one."""
+    ema, mask = AdaptiveEMA(1), torch.ones(1, dtype=torch.bool)
+    g = torch.Generator().manual_seed(0)
+    noise = 1 + 0.05 * torch.randn(60, 1, generator=g)
+    values = [2.3 * n for n in noise[:20]] + [0.24 * n for n in noise[20:]]
+    out = [ema.update_log(v, mask) for v in values]
+    assert all(float(o) > 0 for o in out) and abs(float(out[-1]) - 0.24) < 0.05
+    before = ema.estimate.clone()
+    ema.update_log(torch.zeros(1))
+    assert torch.equal(ema.estimate, before) and ema.nonfinite_count.item() == 0

@@ -197,11 +197,7 @@ class AdaptiveGradClip:
         self._history.scatter_(1, position, torch.minimum(group_norm, bound)[:, None])
         self._count.add_(1)
         observation = abs_quantiles(list(self._history.unbind()), self.quantile)
-        # Folded as a logarithm (a norm's noise is multiplicative, and exp(estimate) stays
-        # positive whatever the filter extrapolates); a zero norm is no observation.
-        log_obs = self.engagement.correct(observation).log()
-        est = self._ema.update(log_obs, mask=log_obs > -math.inf)
-        slot.copy_(est.exp())
+        slot.copy_(self._ema.update_log(self.engagement.correct(observation)))
         return total
 
     def state_dict(self) -> dict[str, Any]:

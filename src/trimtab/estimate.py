@@ -244,6 +244,18 @@ class AdaptiveEMA:
             self._t[k].copy_(v.to(self._t[k].dtype))
 
     # -- the step ------------------------------------------------------------------------------
+    def update_log(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Fold positive magnitudes on a log scale; returns ``exp(estimate)``.
+
+        A magnitude (a p99 of ``|x|``, a norm) moves by factors, not increments: in log space
+        a tenfold move is one step of size log 10 whatever the scale, and the estimate is
+        positive by construction, where on a linear scale the trend filters can extrapolate a
+        tenfold drop below zero. A zero observation (log 0) is no observation, not a
+        non-finite one."""
+        y = obs.log()
+        keep = y > -math.inf
+        return self.update(y, keep if mask is None else mask & keep).exp()
+
     def _check(self, obs: torch.Tensor, mask: torch.Tensor | None) -> None:
         if not isinstance(obs, torch.Tensor):
             raise TypeError(f"obs must be a torch.Tensor, got {type(obs).__name__}")

@@ -139,20 +139,6 @@ def test_unset_trunk_bound_does_not_clamp_acting_forwards():
     assert torch.equal(hooked, plain)
 
 
-def test_bounds_stay_positive_after_a_tenfold_drop():
-    """p99 magnitudes are folded on a log scale: the trend filters cannot extrapolate a sharp
-    drop below zero (a negative bound made every value fire the sentinel)."""
-    from trimtab.estimate import AdaptiveEMA
-    from trimtab.rl.stability import _fold_log
-
-    ema, mask = AdaptiveEMA(1), torch.ones(1, dtype=torch.bool)
-    g = torch.Generator().manual_seed(0)
-    noise = 1 + 0.05 * torch.randn(60, 1, generator=g)
-    values = [2.3 * n for n in noise[:20]] + [0.24 * n for n in noise[20:]]
-    out = [_fold_log(ema, v, mask) for v in values]
-    assert all(float(o) > 0 for o in out) and abs(float(out[-1]) - 0.24) < 0.05
-
-
 def test_norm_gains_keep_their_own_bound():
     """LayerNorm gains (1.0 at init) are not clamped to the weight matrices' p99 bound."""
     _, agent = wired_agent(tiny(Path("unused")))

@@ -231,7 +231,7 @@ class Stability(StepGuard):
             self._watch_masks[key] = torch.tensor(
                 [n in values for n in _WATCHED], device=self.device
             )
-        est = _fold_log(self.watch_ema, obs, self._watch_masks[key])
+        est = self.watch_ema.update_log(obs, self._watch_masks[key])
         for n in names:
             self.state[f"{n}_scale"].copy_(est[_WATCHED.index(n)])
 
@@ -248,7 +248,7 @@ class Stability(StepGuard):
         """Measure p99 |x| (before any clamp), raise it by the engagement correction, fold it
         into the slot; return the bound a consumer reads."""
         obs = self.engagement.correct(abs_quantile(x, Q).reshape(1).expand(len(_CONSUMERS)))
-        self.state[slot].copy_(_fold_log(self.ema, obs, self._masks[c])[c])
+        self.state[slot].copy_(self.ema.update_log(obs, self._masks[c])[c])
         finite_abs = torch.where(torch.isfinite(x), x.abs(), 0.0)
         self._step_max[c] = finite_abs.amax().float()
         self._step_seen[c].fill_(x.numel())  # fill_: a kernel argument, not a host copy
@@ -395,18 +395,6 @@ class Stability(StepGuard):
         self.engagement.load_state_dict(state["engagement"])
         if self.clip is not None:
             self.clip.load_state_dict(state["clip"])
-
-
-def _fold_log(ema: AdaptiveEMA, obs: Tensor, mask: Tensor) -> Tensor:
-    """Fold magnitudes into ``ema`` on a log scale and return them on the linear scale.
-
-    A p99 of |x| is a positive scale that moves by factors, not increments; tracked linearly,
-    the estimator's trend filters extrapolated a 10x drop below zero (a negative bound, seen on
-    the default run). In log space the estimate is positive by construction and a factor-10
-    move is one step of size log 10 whatever the scale. A zero observation (log 0 = -inf) is
-    non-finite and is skipped, as the estimator skips every non-finite observation.
-    """
-    return torch.exp(ema.update(torch.log(obs), mask))
 
 
 class _TrunkGuard(torch.autograd.Function):
