@@ -76,12 +76,13 @@ def adam_group_step_reference(
 
     ``weight_decay`` is a float (fixed, the exact ``torch.optim.AdamW`` arithmetic) or a 0-dim
     tensor (the adaptive rate read from the state vector). With ``stats`` it returns a float32
-    row of ``NUM_STATS`` values (columns ``SUM_WU`` ... ``DEFICIT``): ``Σ w·u``, ``Σ w²``,
+    row of ``NUM_STATS`` values (columns ``SUM_WU`` ... ``SUM_VHAT``): ``Σ w·u``, ``Σ w²``,
     ``Σ u²``, ``Σ |u|``, ``Σ |w|`` over the tensors that take the L1 step (0 without ``l1``),
     the count of finite ``|w''|``, how many of them exceed ``b``, their
     finite max, the exact ``quantile`` of ``|w''|``, ``|m|`` and ``|v|`` (before the clamp, so
-    the clamp's engagements are visible), and the entropy deficit of the input-feature gradient
-    norms of the ``l1_params`` (NaN if none).
+    the clamp's engagements are visible), the entropy deficit of the input-feature gradient
+    norms of the ``l1_params`` (NaN if none), then ``Σ g²`` and ``Σ v̂`` (``v̂`` the
+    bias-corrected second moment after this step: their ratio is the gradient-growth statistic).
 
     Bytes moved (``N`` elements of ``s`` bytes, stats off): read w, g, m, v and write w, m, v,
     with a few temporaries, as ``torch.optim.AdamW(foreach=False)``; stats add a copy of
