@@ -180,3 +180,24 @@ def test_adaptive_support_grows_without_the_iqn_loss():
         agent.update(batch)
     # discount 0.9, reward 5: the largest return is 5 / (1 - 0.9) = 50
     assert 35.0 < float(stab.support_fn()[1].min()) < 55.0
+
+
+def test_watched_threshold_keeps_the_folds_largest_scale():
+    """Gradients shrink as training converges; the sentinel's threshold scale is the largest
+    p99 the buffer has had this fold, so an ordinary gradient after a 1e4x shrink does not
+    fire (1e3 x a recent p99 halted solved CartPole runs), while a 1e30 still does."""
+    stab, _ = wired_agent(tiny(Path("unused")))
+    g = torch.Generator().manual_seed(0)
+    for scale in [1.0] * 20 + [1e-4] * 200:
+        stab._watch({"grad_trunk": scale * torch.randn(256, generator=g)})
+    assert float(stab.state["grad_trunk_scale"]) > 1.0  # not the recent 1e-4 scale
+    stab.sentinel.add(
+        "probe",
+        torch.randn(256, generator=g),
+        stab.sentinel._slots["grad.trunk_output"].rule,
+        phase="probe",
+    )
+    stab.sentinel.check("probe")
+    assert not bool(stab.sentinel.fired())
+    stab.state.reset("fold")
+    assert torch.isnan(stab.state["grad_trunk_scale"]).all()  # forgotten at a fold boundary

@@ -73,7 +73,10 @@ class Stability(StepGuard):
             [
                 Slot("target_bound", doc="p99 |Bellman target| (IQN samples): support and clamp"),
                 Slot("trunk_bound", doc="p99 |trunk output|: activation clamp"),
-                *(Slot(f"{n}_scale", doc=f"p99 |{n}|: sentinel threshold") for n in _WATCHED),
+                *(
+                    Slot(f"{n}_scale", doc=f"max this fold of p99 |{n}|: sentinel threshold scale")
+                    for n in _WATCHED
+                ),
                 *adam_slots(2, prefix="adam"),  # groups: matrices, then vectors
                 Slot("grad_clip_bound", doc="gradient-norm clip bound"),
             ],
@@ -232,8 +235,13 @@ class Stability(StepGuard):
                 [n in values for n in _WATCHED], device=self.device
             )
         est = self.watch_ema.update_log(obs, self._watch_masks[key])
+        # The threshold scale is the largest the buffer has had this fold (the slots reset at a
+        # fold boundary): an excursion is 1e3 x above every scale seen, not above a recent one.
+        # Gradients that shrink as training converges (CartPole, solved: the p99 at the trunk
+        # output fell by orders of magnitude) then no longer make an ordinary gradient fire.
         for n in names:
-            self.state[f"{n}_scale"].copy_(est[_WATCHED.index(n)])
+            slot = self.state[f"{n}_scale"]
+            slot.copy_(torch.fmax(slot, est[_WATCHED.index(n)]))
 
     # --- the C51 support: the one helper that reads its slot ------------------------------------
     def support_fn(self) -> tuple[Tensor, Tensor]:
