@@ -32,12 +32,15 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "stress.json"
 MODES = ("adaptive", "fixed", "off")
 
 
-def cell(seed: int, mode: str, stress: bool, steps: int, device: str, quick: bool) -> dict:
+def cell(
+    seed: int, mode: str, stress: bool, steps: int, device: str, quick: bool, scale: float = 1.0
+) -> dict:
     base: dict[str, Any] = {
         "run": {"seed": seed, "stability": mode, "device": device, "progress": False,
                 "checkpoint_every": 10**9, "log_every": 50},
         "data": {"stress": stress},
         "walkforward": {"steps_per_fold": steps, "learning_starts": min(200, steps)},
+        "env": {"reward_scale": scale},
     }  # fmt: skip
     if quick:
         base["data"]["synthetic_days"] = 400
@@ -59,6 +62,7 @@ def cell(seed: int, mode: str, stress: bool, steps: int, device: str, quick: boo
         "seed": seed,
         "stability": mode,
         "market": "stress" if stress else "default",
+        "reward_scale": scale,
         "folds_total": cfg.walkforward.folds,
         "folds_finite": sum(1 for f in folds if f["nonfinite"] == 0),
         "halted": halted,
@@ -112,6 +116,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument(
+        "--reward-scale", type=float, default=1.0, help="training rewards x this (env.reward_scale)"
+    )
+    parser.add_argument(
         "--seed-list", nargs="*", type=int, default=None, help="run these seeds (one shard)"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -123,7 +130,9 @@ def main(argv: list[str] | None = None) -> dict:
     for stress in [m == "stress" for m in args.markets]:
         for mode in args.modes:
             for seed in seed_list:
-                rows.append(cell(seed, mode, stress, steps, args.device, args.quick))
+                rows.append(
+                    cell(seed, mode, stress, steps, args.device, args.quick, args.reward_scale)
+                )
                 r = rows[-1]
                 print(f"{r['market']:8s} {mode:9s} seed {seed}: finite folds "
                       f"{r['folds_finite']}/{r['folds_total']} first fire {r['first_fire']} "

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -75,6 +76,9 @@ class EnvConfig:
     name: str = "market"  # "market", or "gym:ID" for a Gymnasium env (e.g. gym:CartPole-v1)
     levels: tuple[float, ...] = (-1.0, 0.0, 1.0)  # target position per asset: short, flat, long
     cost_bps: float = 1.0  # transaction cost per unit of turnover, in basis points
+    # training rewards (what the replay stores) are the net log returns times this; metrics and
+    # evaluation always use the unscaled returns (a stress knob: rewards x100 as in a P&L unit)
+    reward_scale: float = 1.0
     n_envs: int = 16  # environments stepped together
     episode_days: int = 64  # trading days per training episode
 
@@ -86,6 +90,8 @@ class EnvConfig:
             bad.append(f"levels={self.levels} need >= 2 values in [-1, 1]")
         if self.cost_bps < 0 or self.n_envs < 1 or self.episode_days < 2:
             bad.append("need cost_bps >= 0, n_envs >= 1, episode_days >= 2")
+        if not (self.reward_scale > 0 and math.isfinite(self.reward_scale)):
+            bad.append(f"reward_scale={self.reward_scale} must be a finite number > 0")
         _check(bad, "env")
 
 

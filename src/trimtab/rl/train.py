@@ -265,7 +265,8 @@ def _train_fold(
         # collect: one ε-greedy action per env and branch, n-step transitions into replay
         action = agent.act(obs, prog.global_env_steps)
         res = env.step(action)
-        replay.add(obs, action, res.reward, res.final_obs, res.terminated, res.truncated)
+        reward = res.reward * cfg.env.reward_scale  # training rewards only; metrics are unscaled
+        replay.add(obs, action, reward, res.final_obs, res.terminated, res.truncated)
         obs = res.obs
         done = res.terminated | res.truncated
         ep_sum += (res.episode_return * done).sum()
