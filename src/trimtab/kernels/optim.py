@@ -240,7 +240,9 @@ def _adam_kernel(
         vp = v_raw.to(tl.pointer_type(tl.float32))
         step = tl.load(tl.load(step_ptrs + t).to(tl.pointer_type(tl.float32))) + 1.0
         bc1 = 1.0 - tl.exp2(step * log2_beta1)
-        bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * log2_beta2))
+        bc2 = 1.0 - tl.exp2(step * log2_beta2)
+        bc2_sqrt = tl.sqrt(bc2)
+        inv_bc2 = 1.0 / bc2  # per block: v̂ = v * inv_bc2 costs a multiply per element
         prox = False
         if L1:
             prox = tl.load(l1_flags + t) != 0
@@ -260,8 +262,8 @@ def _adam_kernel(
                  acc_vh) = _chunk(
                     wp, gp, mp, vp, offs, n, True, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
-                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps,
-                    ints, sel,
+                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2,
+                    eps, ints, sel,
                     STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
                 )  # fmt: skip
         else:
@@ -271,8 +273,8 @@ def _adam_kernel(
                  acc_vh) = _chunk(
                     wp, gp, mp, vp, offs, n, False, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
-                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps,
-                    ints, sel,
+                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2,
+                    eps, ints, sel,
                     STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
                 )  # fmt: skip
     if STATS:
@@ -304,7 +306,7 @@ def _adam_kernel(
 def _chunk(
     wp, gp, mp, vp, offs, n, FULL: tl.constexpr, sampled, prox,
     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg, acc_vh,
-    decay_factor, thr, bound, bc1, bc2_sqrt, lr, beta1, beta2, eps, ints, sel,
+    decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2, eps, ints, sel,
     STATS: tl.constexpr, L1: tl.constexpr, CLAMP: tl.constexpr, BINS: tl.constexpr,
     CSHIFT: tl.constexpr, FSHIFT: tl.constexpr, UNDER: tl.constexpr,
     HIST_OFFSET: tl.constexpr, WINDOW_OFFSET: tl.constexpr,
@@ -323,7 +325,8 @@ def _chunk(
         m = tl.load(mp + offs, mask=mask, other=0.0)
         v = tl.load(vp + offs, mask=mask, other=0.0)
     m = beta1 * m + (1.0 - beta1) * g
-    v = beta2 * v + (1.0 - beta2) * g * g
+    gg = g * g
+    v = beta2 * v + (1.0 - beta2) * gg
     u = (m / bc1) / (tl.sqrt(v) / bc2_sqrt + eps)
     w_new = w * decay_factor - lr * u
     if L1:
@@ -352,8 +355,8 @@ def _chunk(
             acc_uu += tl.where(mask, u * u, 0.0)
             acc_au += tl.where(mask, tl.abs(u), 0.0)
         acc_ww += w * w  # masked lanes loaded 0 (and so have g = v = 0)
-        acc_gg += g * g
-        acc_vh += v / (bc2_sqrt * bc2_sqrt)
+        acc_gg += gg
+        acc_vh += v * inv_bc2
         if L1:
             acc_l1 += tl.where(mask & prox, tl.abs(w), 0.0)
         a_bits = a.to(tl.int32, bitcast=True)

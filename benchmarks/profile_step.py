@@ -1,0 +1,109 @@
+"""Where a trainer gradient step's launches come from: device operations (non-view aten ops,
+each a kernel launch on CUDA) and Triton launches, grouped by the trimtab function that issued
+them, per stability mode. Explains the guard overhead of ``bench_trainer.py``.
+
+    python benchmarks/profile_step.py [--device cuda] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_trainer  # noqa: E402
+
+from trimtab.benchmarking import provenance  # noqa: E402
+from trimtab.rl.config import TrainConfig  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "profile_step.json"
+_VIEWS = {"detach", "view", "unsqueeze", "squeeze", "select", "reshape", "t", "expand", "slice",
+          "_unsafe_view", "as_strided", "alias", "permute", "transpose", "split", "unbind",
+          "_reshape_alias", "chunk", "narrow", "unflatten", "flatten", "lift_fresh",
+          "_local_scalar_dense", "is_nonzero"}  # fmt: skip
+
+
+def _where() -> str:
+    frames = [f for f in traceback.extract_stack() if "/trimtab/" in f.filename]
+    frames = [f for f in frames if not f.filename.endswith(("rl/agent.py",))] or frames
+    if not frames:
+        return "autograd/other"
+    def name(f: traceback.FrameSummary) -> str:
+        return f"{f.filename.split('trimtab/')[-1]}:{f.name}"
+
+    return name(frames[0]) if len(frames) == 1 else f"{name(frames[0])} > {name(frames[-1])}"
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self, counts: collections.Counter) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] not in _VIEWS:
+            self.counts[_where()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def profile(mode: str, device: torch.device) -> dict:
+    cfg = TrainConfig()
+    cfg = replace(cfg, run=replace(cfg.run, stability=mode))
+    env, agent, _, replay = bench_trainer.build(cfg, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    bench_trainer.collect(env, agent, replay, env.reset(), 64)
+    for _ in range(5):
+        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    aten: collections.Counter = collections.Counter()
+    trit: collections.Counter = collections.Counter()
+    import triton.runtime.jit as tjit
+
+    run = tjit.JITFunction.run
+
+    def counted(self, *a, **k):
+        trit[f"{_where()} [{self.fn.__name__}]"] += 1
+        return run(self, *a, **k)
+
+    tjit.JITFunction.run = counted
+    try:
+        with _Count(aten):
+            agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    finally:
+        tjit.JITFunction.run = run
+    return {"aten_ops": sum(aten.values()), "triton_launches": sum(trit.values()),
+            "aten_by_site": dict(aten.most_common()), "triton_by_site": dict(trit.most_common())}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    torch.set_num_threads(TrainConfig().run.threads)
+    rows = {m: profile(m, device) for m in ("off", "fixed", "adaptive")}
+    print(f"launches per gradient step on {device}\n")
+    print("| stability | device ops (aten) | Triton launches |")
+    print("|---|---:|---:|")
+    for m, r in rows.items():
+        print(f"| {m} | {r['aten_ops']} | {r['triton_launches']} |")
+    print("\nadaptive, by site:")
+    for k, v in list(rows["adaptive"]["aten_by_site"].items())[:25]:
+        print(f"{v:6d}  {k}")
+    for k, v in rows["adaptive"]["triton_by_site"].items():
+        print(f"{v:6d}  {k}")
+    result = {"benchmark": "profile_step", **provenance(device), "modes": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
