@@ -1,6 +1,7 @@
 """Stress proof: seeds x {adaptive, fixed, off} x {default market, stress market}.
 
     python benchmarks/stress.py [--seeds 5] [--steps 400] [--device cpu] [--quick] [--out PATH]
+        [--autocast {none,bf16,fp16}] [--reward-scale X]
     # one shard of a parallel run, then the table of all shards:
     python benchmarks/stress.py --seed-list 3 --modes off --markets stress --out shard.json
     python benchmarks/stress.py --seed-list --merge shard*.json
@@ -9,12 +10,15 @@ Each cell is a full walk-forward run (``on_nonfinite = "halt"``). The stress mar
 embedded market's stress preset: a crash segment late in the data (volatility x20 and a mean
 daily return -100x the calm regime's) that lands in the last folds. Per cell: folds completed
 with every watched tensor finite, the first-fire slot of a halted run, the out-of-sample
-Sharpe per fold, and the time per gradient step.
+Sharpe per fold, and the time per gradient step. ``--autocast`` runs the agent's forwards in
+bf16 or fp16 (``run.autocast``; fp16 without a GradScaler) and is recorded in every row; rows
+of older files, written before the option, count as ``none``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -30,14 +34,22 @@ from trimtab.rl.train import TrainingHalted, train
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "stress.json"
 MODES = ("adaptive", "fixed", "off")
+AUTOCAST = ("none", "bf16", "fp16")
 
 
 def cell(
-    seed: int, mode: str, stress: bool, steps: int, device: str, quick: bool, scale: float = 1.0
+    seed: int,
+    mode: str,
+    stress: bool,
+    steps: int,
+    device: str,
+    quick: bool,
+    scale: float = 1.0,
+    autocast: str = "none",
 ) -> dict:
     base: dict[str, Any] = {
         "run": {"seed": seed, "stability": mode, "device": device, "progress": False,
-                "checkpoint_every": 10**9, "log_every": 50},
+                "checkpoint_every": 10**9, "log_every": 50, "autocast": autocast},
         "data": {"stress": stress},
         "walkforward": {"steps_per_fold": steps, "learning_starts": min(200, steps)},
         "env": {"reward_scale": scale},
@@ -63,6 +75,8 @@ def cell(
         "stability": mode,
         "market": "stress" if stress else "default",
         "reward_scale": scale,
+        "autocast": autocast,
+        "steps_per_fold": cfg.walkforward.steps_per_fold,
         "folds_total": cfg.walkforward.folds,
         "folds_finite": sum(1 for f in folds if f["nonfinite"] == 0),
         "halted": halted,
@@ -73,24 +87,28 @@ def cell(
     }
 
 
+def _mean(values: list[float]) -> str:
+    """A signed mean, or "-" when no fold finished (a run halted in its first fold)."""
+    return f"{statistics.mean(values):+.2f}" if values else "-"
+
+
 def table(rows: list[dict]) -> str:
     out = [
-        "| market | stability | runs with every fold finite | first-fire slots | mean OOS Sharpe "
-        "| mean B&H Sharpe | ms/step |",
-        "|---|---|---:|---|---:|---:|---:|",
+        "| market | autocast | stability | runs with every fold finite | first-fire slots "
+        "| mean OOS Sharpe | mean B&H Sharpe | ms/step |",
+        "|---|---|---|---:|---|---:|---:|---:|",
     ]
-    for market in ("default", "stress"):
-        for mode in MODES:
-            cells = [r for r in rows if r["market"] == market and r["stability"] == mode]
-            if not cells:
-                continue
+    for market, precision, mode in itertools.product(("default", "stress"), AUTOCAST, MODES):
+        cells = [r for r in rows if r["market"] == market and r["stability"] == mode
+                 and r.get("autocast", "none") == precision]  # fmt: skip
+        if cells:
             ok = sum(r["folds_finite"] == r["folds_total"] and not r["halted"] for r in cells)
             fires = sorted({r["first_fire"] for r in cells if r["first_fire"]}) or ["-"]
-            sharpe = statistics.mean(s for r in cells for s in r["sharpe"]) if cells else 0
-            bh = statistics.mean(s for r in cells for s in r["buy_hold_sharpe"]) if cells else 0
+            sharpe = _mean([s for r in cells for s in r["sharpe"]])
+            bh = _mean([s for r in cells for s in r["buy_hold_sharpe"]])
             ms = statistics.median(r["ms_per_step"] for r in cells)
-            out.append(f"| {market} | {mode} | {ok}/{len(cells)} | {', '.join(fires)} | "
-                       f"{sharpe:+.2f} | {bh:+.2f} | {ms:.1f} |")  # fmt: skip
+            out.append(f"| {market} | {precision} | {mode} | {ok}/{len(cells)} | "
+                       f"{', '.join(fires)} | {sharpe} | {bh} | {ms:.1f} |")  # fmt: skip
     return "\n".join(out)
 
 
@@ -119,6 +137,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--reward-scale", type=float, default=1.0, help="training rewards x this (env.reward_scale)"
     )
     parser.add_argument(
+        "--autocast",
+        default="none",
+        choices=AUTOCAST,
+        help="the agent's forwards in this precision (run.autocast)",
+    )
+    parser.add_argument(
         "--seed-list", nargs="*", type=int, default=None, help="run these seeds (one shard)"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -131,10 +155,11 @@ def main(argv: list[str] | None = None) -> dict:
         for mode in args.modes:
             for seed in seed_list:
                 rows.append(
-                    cell(seed, mode, stress, steps, args.device, args.quick, args.reward_scale)
-                )
+                    cell(seed, mode, stress, steps, args.device, args.quick, args.reward_scale,
+                         args.autocast)
+                )  # fmt: skip
                 r = rows[-1]
-                print(f"{r['market']:8s} {mode:9s} seed {seed}: finite folds "
+                print(f"{r['market']:8s} {args.autocast:4s} {mode:9s} seed {seed}: finite folds "
                       f"{r['folds_finite']}/{r['folds_total']} first fire {r['first_fire']} "
                       f"Sharpe {r['sharpe']}", flush=True)  # fmt: skip
     for path in args.merge:

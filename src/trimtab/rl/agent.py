@@ -150,6 +150,12 @@ class DQNAgent:
        (Dabney et al. 2018), averaged over branches
     6. ``L = mean_batch w · (L_C51 + iqn_weight · L_IQN)``; priorities are ``L_C51`` per sample.
 
+    ``autocast`` (``torch.bfloat16`` or ``torch.float16``; ``None`` = float32) runs every
+    forward pass and the loss (training, target and acting forwards) under ``torch.autocast``;
+    weights, gradients and optimizer state stay float32, backward runs outside the context, and
+    Bellman targets reach the guard and the projection as float32. No ``GradScaler``: float16
+    overflow past 65504 is left to show (the stress benchmark's mixed-precision case).
+
     Hooks (all default to no-ops): ``support_fn`` returns the per-branch ``(v_min, v_max)`` each
     step; ``target_transform`` maps Bellman targets before projection; ``grad_clip`` is called
     with the parameters between backward and step; ``online.trunk_hook`` and
@@ -167,8 +173,14 @@ class DQNAgent:
         device: torch.device | str = "cpu",
         optimizer_factory: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
         support_fn: SupportFn | None = None,
+        autocast: torch.dtype | None = None,
     ) -> None:
+        if autocast not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"autocast={autocast} must be None (float32), torch.bfloat16 or torch.float16"
+            )
         self.config = cfg = config if config is not None else AgentConfig()
+        self.autocast = autocast
         self.obs_dim, self.branch_sizes = obs_dim, [int(n) for n in branch_sizes]
         self.device = torch.device(device)
         with torch.random.fork_rng(devices=[]):  # same weights for the same seed, always
@@ -199,6 +211,12 @@ class DQNAgent:
             trunk=cfg.trunk, dueling=cfg.dueling,  # type: ignore[arg-type]
         )  # fmt: skip
 
+    def precision(self) -> torch.autocast:
+        """The forward passes' autocast context (a disabled one when ``autocast`` is None)."""
+        return torch.autocast(
+            self.device.type, dtype=self.autocast, enabled=self.autocast is not None
+        )
+
     def fixed_support(self) -> tuple[Tensor, Tensor]:
         """The default ``support_fn``: ``(v_min, v_max)`` from the config, one per branch."""
         return self._fixed_support
@@ -223,7 +241,9 @@ class DQNAgent:
     def act(self, obs: Tensor, step: int, greedy: bool = False) -> Tensor:
         """ε-greedy actions ``[E, D]`` for ``obs [E, obs_dim]``; each branch explores alone."""
         v_min, v_max = self.support_fn()
-        q = self.online.q_values(self.online(obs).logits, atoms(v_min, v_max, self.config.n_atoms))
+        z = atoms(v_min, v_max, self.config.n_atoms)
+        with self.precision():
+            q = self.online.q_values(self.online(obs).logits, z)
         action = q.argmax(dim=-1)
         if greedy:
             return action
@@ -234,7 +254,12 @@ class DQNAgent:
 
     # --- learning -------------------------------------------------------------------------
     def compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one sampled batch and an info dict of detached device tensors."""
+        """The loss of one sampled batch and an info dict of detached device tensors; under
+        ``autocast``, every forward and the loss run in that precision."""
+        with self.precision():
+            return self._compute_loss(batch)
+
+    def _compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         cfg = self.config
         obs, action, next_obs = batch["obs"], batch["action"], batch["next_obs"]
         n = obs.shape[0]
@@ -253,7 +278,8 @@ class DQNAgent:
             selector = self.online(next_obs).logits if cfg.double_dqn else next_target.logits
             next_action = self.online.q_values(selector, z).argmax(dim=-1)  # [B, D]
             next_probs = torch.softmax(_logits_at(next_target.logits, next_action), dim=-1)
-            tz = self.guard.targets(reward + discount * z, "c51")  # [B, D, N]  (stability)
+            # targets reach the guard and the projection as float32 (no-op without autocast)
+            tz = self.guard.targets((reward + discount * z).float(), "c51")  # (stability)
             target_probs = c51_projection(tz, next_probs, v_min, v_max)
             if cfg.iqn_weight == 0:  # no IQN samples: the guard sees each target's reach
                 self.guard.targets(tz.abs().amax(dim=-1), "c51_edge")  # [B, D]
@@ -268,12 +294,14 @@ class DQNAgent:
                 )
                 next_z = self.target.quantiles(next_target.trunk, taus_next)
                 next_z = _quantiles_at(next_z, next_action)  # [B, T', D]
-                iqn_target = self.guard.targets(reward + discount * next_z, "iqn")  # stability
+                iqn_target = (reward + discount * next_z).float()
+                iqn_target = self.guard.targets(iqn_target, "iqn")  # stability
             iqn = quantile_huber_loss(pred, iqn_target, taus, cfg.kappa).mean(dim=-1)  # [B]
         else:
             iqn = torch.zeros_like(c51)
 
         per_sample = c51 + cfg.iqn_weight * iqn
+        per_sample = per_sample.float()  # the loss is float32 whatever the forwards ran in
         loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
         with torch.no_grad():
             q_taken = (torch.softmax(logits, dim=-1) * z).sum(dim=-1)
@@ -283,7 +311,7 @@ class DQNAgent:
                 "iqn_loss": iqn.mean(),
                 "q_mean": q_taken.mean(),
                 "target_mean": (target_probs * z).sum(dim=-1).mean(),
-                "priorities": c51.detach(),
+                "priorities": c51.detach().float(),
                 "next_action": next_action,
                 "obs": obs,  # for the sentinel's forward-phase checks
                 "logits": online.logits.detach(),

@@ -49,6 +49,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--stability", choices=["adaptive", "fixed", "off"])
     p.add_argument("--on-nonfinite", choices=["halt", "skip", "sanitize"])
     p.add_argument(
+        "--autocast", choices=["none", "bf16", "fp16"], help="forward passes in this precision"
+    )
+    p.add_argument(
         "--stress", action="store_true", help="the stress preset of the synthetic market"
     )
     p.add_argument("--out", help="run directory (default runs/<time>-<stability>-s<seed>)")
@@ -77,6 +80,7 @@ def build_config(args: argparse.Namespace) -> Any:
     flags = {
         "run.device": args.device, "run.seed": args.seed, "run.stability": args.stability,
         "run.on_nonfinite": args.on_nonfinite, "run.out": args.out, "env.name": args.env,
+        "run.autocast": args.autocast,
         "walkforward.folds": args.folds, "walkforward.steps_per_fold": args.steps_per_fold,
     }  # fmt: skip
     for key, value in flags.items():
@@ -98,7 +102,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         given = [k for k in ("config", "device", "seed", "data", "env", "folds", "steps_per_fold",
-                             "stability", "on_nonfinite", "out") if getattr(args, k)]  # fmt: skip
+                             "stability", "on_nonfinite", "autocast", "out")
+                 if getattr(args, k)]  # fmt: skip
         if given or args.overrides or args.stress:
             raise ConfigError(
                 f"--resume continues with the run's own config.toml; drop {given or '--set'}"

@@ -10,9 +10,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from trimtab.rl.agent import AgentConfig
 
 __all__ = [
+    "AUTOCAST_DTYPES",
     "DataConfig",
     "EnvConfig",
     "GymConfig",
@@ -22,6 +25,13 @@ __all__ = [
 ]
 
 Stability = Literal["adaptive", "fixed", "off"]
+Autocast = Literal["none", "bf16", "fp16"]
+#: run.autocast values and their torch dtypes (None: full float32)
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
+    "none": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
 ABLATIONS = ("support", "target_clamp", "trunk_clamp", "grad_clip", "weight_clamp", "decay")
 
 
@@ -46,11 +56,19 @@ class RunConfig:
     # CPU threads for torch. 1 by default: the default net is small, and on a 2-core machine
     # two OpenMP threads competing with any other process slowed a step 50x (measured).
     threads: int = 1
+    # Mixed precision of the agent's forward passes and loss (training, target and acting
+    # forwards) under torch.autocast: "none" (float32), "bf16" (float32's range, 8-bit
+    # mantissa) or "fp16" (max 65504; no GradScaler, on purpose: the overflow people meet).
+    # Weights, gradients, optimizer moments and the stability machinery stay float32.
+    # (README: Mixed precision)
+    autocast: Autocast = "none"
 
     def __post_init__(self) -> None:
         bad = []
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             bad.append(f"device={self.device!r} must be 'cpu', 'cuda' or 'cuda:N'")
+        if self.autocast not in AUTOCAST_DTYPES:
+            bad.append(f"autocast={self.autocast!r} must be one of {list(AUTOCAST_DTYPES)}")
         unknown = sorted(set(self.ablate) - set(ABLATIONS))
         if unknown:
             bad.append(f"ablate={unknown}: known mechanisms are {list(ABLATIONS)}")

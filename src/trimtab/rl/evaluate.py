@@ -11,7 +11,7 @@ import torch
 from trimtab.rl import checkpoint as ckpt
 from trimtab.rl import metrics
 from trimtab.rl.agent import AgentConfig, DQNAgent
-from trimtab.rl.config import TrainConfig
+from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
 from trimtab.rl.configio import from_dict
 from trimtab.rl.data import DataError, load_ohlcv
 from trimtab.rl.env import evaluate
@@ -61,6 +61,7 @@ def evaluate_checkpoint(
         agent_state["branch_sizes"],
         AgentConfig.from_dict(agent_state["config"]),
         device,
+        autocast=AUTOCAST_DTYPES[cfg.run.autocast],  # act as it acted in training
     )
     # evaluation needs the networks only; the training optimizer's groups are not rebuilt here
     agent.load_state_dict({**agent_state, "optimizer": agent.optimizer.state_dict()})

@@ -18,7 +18,7 @@ import torch
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.agent import DQNAgent
-from trimtab.rl.config import TrainConfig
+from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
 from trimtab.rl.configio import ConfigError, to_dict, to_toml
 from trimtab.rl.stability import Stability
 from trimtab.rl.train import (
@@ -94,6 +94,7 @@ def train_gym(cfg: TrainConfig) -> dict[str, Any]:
         agent = DQNAgent(
             obs_dim, sizes, replace(cfg.agent, seed=cfg.run.seed), device,
             optimizer_factory=stab.optimizer_factory, support_fn=stab.support_fn,
+            autocast=AUTOCAST_DTYPES[cfg.run.autocast],
         )  # fmt: skip
         stab.attach(agent)
     replay = agent.make_replay()

@@ -162,12 +162,15 @@ class Stability(StepGuard):
         def above_sq(slot: str, i: int | None = None) -> Rule:  # Adam's v: the factor squared
             return Rule.above(view(slot, i), factor=EXCURSION_FACTOR**2, name=slot)
 
+        # Slots of one phase fire together when a value propagates (an inf trunk makes NaN
+        # logits); ties are reported in the order added, so they are added in data-flow order:
+        # an unclamped trunk that overflows (float16 autocast) is named, not the logits after it.
         s.add("obs", lambda: self._latest.get("obs"), above("obs_scale"), phase="forward")
-        s.add("logits", lambda: self._latest.get("logits"), above("logits_scale"), phase="forward")
         s.add("atom_span", lambda: self._latest.get("atom_span"), phase="forward")
         for name in _CONSUMERS:
             source = None if self._guarded[name] else (lambda n=name: self._latest.get(n))
             s.add(name, source, above(thr[name]), phase="forward")
+        s.add("logits", lambda: self._latest.get("logits"), above("logits_scale"), phase="forward")
         s.add("loss", self._loss, above("loss_scale"), phase="forward")
         # the backward pass is checked twice: where it leaves the heads (the gradient at the
         # trunk output) and once it has reached every parameter
@@ -274,7 +277,18 @@ class Stability(StepGuard):
         self.engagement.observe(self._step_counts[:, 0], self._step_seen, self._step_max)
 
     # --- StepGuard hooks ------------------------------------------------------------------------
+    def _full_precision(self) -> torch.autocast:
+        """The hooks below run inside the agent's forward, so under its autocast (run.autocast):
+        the producers, EMAs and clamps must not. Buffers keep their dtype (quantile, clamp and
+        sentinel read float16/bfloat16 and compute in float32); a low-precision overflow is
+        checked as the inf it became."""
+        return torch.autocast(self.device.type, enabled=False)
+
     def targets(self, x: Tensor, kind: str) -> Tensor:
+        with self._full_precision():
+            return self._targets(x.float(), kind)
+
+    def _targets(self, x: Tensor, kind: str) -> Tensor:
         if kind == "c51":
             return x  # the projection clips T z to the support, which reads the same slot
         # "iqn": quantile samples of the target, unbounded, so the support follows the values.
@@ -294,11 +308,14 @@ class Stability(StepGuard):
 
     def _trunk_hook(self, h: Tensor) -> Tensor:
         if not self._guarded["trunk"]:
-            self._latest["trunk"] = h.detach()
+            # the training forward's trunk, whose logits are checked with it (a later
+            # no-grad forward of next states must not replace it)
             if h.requires_grad:
+                self._latest["trunk"] = h.detach()
                 h.register_hook(self._record_trunk_grad)
             return h
-        return _TrunkGuard.apply(h, self)
+        with self._full_precision():
+            return _TrunkGuard.apply(h, self)
 
     def _record_trunk_grad(self, g: Tensor) -> None:
         self._latest["grad_trunk"] = g

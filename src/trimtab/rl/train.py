@@ -21,7 +21,7 @@ import torch
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.agent import DQNAgent
-from trimtab.rl.config import TrainConfig
+from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
 from trimtab.rl.configio import to_dict, to_toml
 from trimtab.rl.env import BatchedTradingEnv
 from trimtab.rl.report import build_report
@@ -159,6 +159,7 @@ def train(
             device,
             optimizer_factory=stab.optimizer_factory,  # stability: trimtab.optim.Adam
             support_fn=stab.support_fn,  # stability: adaptive C51 support
+            autocast=AUTOCAST_DTYPES[cfg.run.autocast],  # forwards in bf16/fp16 (or float32)
         )
         stab.attach(agent)
     if setup is not None:
