@@ -20,3 +20,23 @@ def test_stress_quick(tmp_path):
         (m, s) for m in ("default", "stress") for s in ("adaptive", "fixed", "off")
     }
     assert all(len(r["sharpe"]) == r["folds_total"] or r["halted"] for r in rows)
+
+
+def test_stress_autocast_is_recorded_and_old_files_merge(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("stress", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    old_row = {"seed": 7, "stability": "off", "market": "stress", "folds_total": 2,
+               "folds_finite": 2, "halted": None, "first_fire": None, "sharpe": [0.5, -0.5],
+               "buy_hold_sharpe": [0.1, 0.2], "ms_per_step": 9.0}  # fmt: skip
+    old = tmp_path / "old.json"  # written before the autocast field existed
+    old.write_text(json.dumps({"rows": [old_row]}))
+    out = tmp_path / "stress.json"
+    bench.main(["--quick", "--device", "cpu", "--markets", "stress", "--modes", "off",
+                "--autocast", "fp16", "--merge", str(old), "--out", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["seed"], r.get("autocast")) for r in rows] == [(0, "fp16"), (7, None)]
+    assert rows[0]["steps_per_fold"] == 10
+    table = capsys.readouterr().out
+    assert "| stress | fp16 | off | " in table
+    assert "| stress | none | off | 1/1 | - | +0.00 | +0.15 | 9.0 |" in table

@@ -9,6 +9,7 @@ def wired_agent(cfg, obs_dim: int = 5, branches: int = 2):
     """A DQN agent with ``cfg``'s stability wiring attached, as the trainer builds it."""
     from trimtab.lifecycle import Lifecycle
     from trimtab.rl.agent import DQNAgent
+    from trimtab.rl.config import AUTOCAST_DTYPES
     from trimtab.rl.stability import Stability
 
     with Lifecycle():
@@ -16,6 +17,7 @@ def wired_agent(cfg, obs_dim: int = 5, branches: int = 2):
         agent = DQNAgent(
             obs_dim, [3] * branches, cfg.agent,
             optimizer_factory=stab.optimizer_factory, support_fn=stab.support_fn,
+            autocast=AUTOCAST_DTYPES[cfg.run.autocast],
         )  # fmt: skip
         stab.attach(agent)
     return stab, agent
