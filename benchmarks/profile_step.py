@@ -19,10 +19,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
-import bench_trainer  # noqa: E402
-
-from trimtab.benchmarking import provenance  # noqa: E402
-from trimtab.rl.config import TrainConfig  # noqa: E402
+import bench_trainer
+from trimtab.benchmarking import provenance
+from trimtab.rl.config import TrainConfig
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "profile_step.json"
 _VIEWS = {"detach", "view", "unsqueeze", "squeeze", "select", "reshape", "t", "expand", "slice",
@@ -36,6 +35,7 @@ def _where() -> str:
     frames = [f for f in frames if not f.filename.endswith(("rl/agent.py",))] or frames
     if not frames:
         return "autograd/other"
+
     def name(f: traceback.FrameSummary) -> str:
         return f"{f.filename.split('trimtab/')[-1]}:{f.name}"
 
@@ -77,8 +77,12 @@ def profile(mode: str, device: torch.device) -> dict:
             agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
     finally:
         tjit.JITFunction.run = run
-    return {"aten_ops": sum(aten.values()), "triton_launches": sum(trit.values()),
-            "aten_by_site": dict(aten.most_common()), "triton_by_site": dict(trit.most_common())}  # fmt: skip
+    return {
+        "aten_ops": sum(aten.values()),
+        "triton_launches": sum(trit.values()),
+        "aten_by_site": dict(aten.most_common()),
+        "triton_by_site": dict(trit.most_common()),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from trimtab._impl import resolve_impl
 from trimtab.estimate import AdaptiveEMA
 from trimtab.lifecycle import register
 
@@ -158,6 +159,15 @@ class EngagementCorrection:
             )
         return value.to(dtype).reshape(-1).expand(self.num_consumers)
 
+    def _check_mask(self, mask: torch.Tensor) -> None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
+        if tuple(mask.shape) != (self.num_consumers,) or mask.device != self.device:
+            raise ValueError(
+                f"mask must have shape ({self.num_consumers},) on {self.device}, "
+                f"got {tuple(mask.shape)} on {mask.device}"
+            )
+
     @torch.no_grad()
     def observe(
         self,
@@ -165,10 +175,29 @@ class EngagementCorrection:
         total: torch.Tensor | int,
         observed_max: torch.Tensor | float,
         mask: torch.Tensor | None = None,
+        *,
+        impl: str | None = None,
     ) -> torch.Tensor:
         """Fold one step's counts: ``engaged`` of ``total`` elements, largest finite magnitude
         ``observed_max`` (each a scalar or ``[num_consumers]``). Consumers with ``total == 0``,
-        or off in the optional bool ``mask``, keep their state. Returns :attr:`rate`."""
+        or off in the optional bool ``mask``, keep their state. Returns :attr:`rate`.
+
+        ``impl``: ``None`` runs one Triton launch (:mod:`trimtab.kernels.ema`) when every input
+        is a CUDA tensor, this pure-PyTorch reference otherwise; ``"torch"``/``"triton"`` force
+        one (``"triton"`` on the CPU needs ``TRITON_INTERPRET=1``)."""
+        inputs = (engaged, total, observed_max)
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+        if mask is not None:
+            self._check_mask(mask)
+        chosen = resolve_impl(impl, tensors) if len(tensors) == 3 else "torch"
+        if impl == "triton" and chosen != "triton":
+            raise ValueError("impl='triton' needs engaged, total and observed_max as tensors")
+        if chosen == "triton":
+            from trimtab.kernels.ema import engagement_observe_triton
+
+            for x in tensors:
+                self._as_vector(x, x.dtype)  # the reference's device and shape checks
+            return engagement_observe_triton(self, engaged, total, observed_max, mask)
         k = self._as_vector(engaged, torch.float64)
         n = self._as_vector(total, torch.float64)
         top = self._as_vector(observed_max, torch.float32)

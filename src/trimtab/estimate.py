@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from trimtab._impl import resolve_impl
+
 # Meta-rate of the slot statistics (noise variance R, the candidates' scores). The statistics
 # describe a regime, which lasts thousands of steps, not the level, which may move every step: an
 # effective memory of 1/β ≈ 1000 observations lets a squared-error gap of 1% of R per step (about
@@ -244,17 +246,24 @@ class AdaptiveEMA:
             self._t[k].copy_(v.to(self._t[k].dtype))
 
     # -- the step ------------------------------------------------------------------------------
-    def update_log(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def update_log(
+        self, obs: torch.Tensor, mask: torch.Tensor | None = None, *, impl: str | None = None
+    ) -> torch.Tensor:
         """Fold positive magnitudes on a log scale; returns ``exp(estimate)``.
 
         A magnitude (a p99 of ``|x|``, a norm) moves by factors, not increments: in log space
         a tenfold move is one step of size log 10 whatever the scale, and the estimate is
         positive by construction, where on a linear scale the trend filters can extrapolate a
         tenfold drop below zero. A zero observation (log 0) is no observation, not a
-        non-finite one."""
+        non-finite one. ``impl`` as in :meth:`update`."""
+        self._check(obs, mask)
+        if self._impl(impl, obs) == "triton":
+            from trimtab.kernels.ema import ema_update_triton
+
+            return ema_update_triton(self, obs, mask, log=True)
         y = obs.log()
         keep = y > -math.inf
-        return self.update(y, keep if mask is None else mask & keep).exp()
+        return self.update(y, keep if mask is None else mask & keep, impl="torch").exp()
 
     def _check(self, obs: torch.Tensor, mask: torch.Tensor | None) -> None:
         if not isinstance(obs, torch.Tensor):
@@ -283,10 +292,31 @@ class AdaptiveEMA:
                     f"got {tuple(mask.shape)} on {mask.device}"
                 )
 
+    def _impl(self, impl: str | None, obs: torch.Tensor) -> str:
+        chosen = resolve_impl(impl, [obs])
+        if chosen == "triton" and (self.dtype != torch.float32 or obs.dtype != torch.float32):
+            if impl is not None:
+                raise ValueError(
+                    f"impl='triton' folds float32 observations into a float32 AdaptiveEMA, got "
+                    f"obs {obs.dtype} and state {self.dtype}; pass impl=None or impl='torch'"
+                )
+            return "torch"
+        return chosen
+
     @torch.no_grad()
-    def update(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Fold one observation per slot into the estimate; returns :attr:`estimate`."""
+    def update(
+        self, obs: torch.Tensor, mask: torch.Tensor | None = None, *, impl: str | None = None
+    ) -> torch.Tensor:
+        """Fold one observation per slot into the estimate; returns :attr:`estimate`.
+
+        ``impl``: ``None`` runs one Triton launch (:mod:`trimtab.kernels.ema`) for float32 CUDA
+        tensors and this pure-PyTorch reference otherwise; ``"torch"`` or ``"triton"`` force
+        one (``"triton"`` on the CPU needs ``TRITON_INTERPRET=1``)."""
         self._check(obs, mask)
+        if self._impl(impl, obs) == "triton":
+            from trimtab.kernels.ema import ema_update_triton
+
+            return ema_update_triton(self, obs, mask, log=False)
         s = self._t
         # No branch on values anywhere below: every case is a torch.where, so nothing syncs.
         y = obs.to(self.dtype)

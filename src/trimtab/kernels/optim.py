@@ -89,6 +89,7 @@ import triton
 import triton.language as tl
 
 from trimtab.kernels._table import PointerTable, pointer_table
+from trimtab.kernels.ema import EMA_BANK, EMA_FIELDS, EMA_WIDTH  # noqa: F401  (re-exported)
 
 BLOCK = 4096
 SUB = 1024  # elements of one inner iteration (a block is BLOCK // SUB of them)
@@ -119,9 +120,6 @@ PART_WIDTH = 10
 REDUCE_TILE = 2048  # elements of one finalize load of the replicas: [groups, replicas]
 NONFINITE_BITS = 0x7F800000
 # Entries of the finalize's pointer table (see ``Adam._finalize_table``).
-EMA_FIELDS = ("mean", "r", "prev_obs", "prev_z", "alpha", "count", "nonfinite_count")
-EMA_BANK = ("level", "slope", "p_ll", "p_ls", "p_ss", "score")
-EMA_WIDTH = len(EMA_FIELDS) + len(EMA_BANK)
 ENG_BASE = 2 * EMA_WIDTH  # engagement rate, max, z, engaged_total, seen_total
 TABLE_TAIL = ENG_BASE + 5  # q_level, q_slope, c table, kappa table, state vector
 TABLE_SIZE = TABLE_TAIL + 5

@@ -1,0 +1,361 @@
+"""The adaptive EMA's step as one Triton launch, and the engagement correction's observe
+built on it; the jit helpers here are also the slot estimator inside the optimizer's finalize
+(:mod:`trimtab.kernels.optim_finalize`).
+
+The references they must match are :meth:`trimtab.AdaptiveEMA.update` / ``update_log`` and
+:meth:`trimtab.EngagementCorrection.observe`: line for line the same arithmetic, in float32
+(float64 for the engagement z-test, as there). Each call of the torch code is ~35-150 small
+device operations; here it is one launch, and no host synchronisation either way.
+
+Every state tensor is updated in place for the estimator's life (``reset`` and
+``load_state_dict`` copy into it), so a pointer table of them is built once per estimator and
+reused; the thresholds that depend on the degrees of freedom are tabulated once per device by
+``estimate.py``'s own functions, so the kernel reads the very numbers the reference computes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+if TYPE_CHECKING:
+    from trimtab.engagement import EngagementCorrection
+    from trimtab.estimate import AdaptiveEMA
+
+# Entries of an estimator's pointer table, in this order (``_ema_load``).
+EMA_FIELDS = ("mean", "r", "prev_obs", "prev_z", "alpha", "count", "nonfinite_count")
+EMA_BANK = ("level", "slope", "p_ll", "p_ls", "p_ss", "score")
+EMA_WIDTH = len(EMA_FIELDS) + len(EMA_BANK)
+# The engagement table: the fraction's estimator, then rate, max, z, engaged_total, seen_total.
+ENG_FIELDS = ("_rate", "_max", "_z", "engaged_total", "seen_total")
+BLOCK_SLOTS = 16  # slots per program
+
+
+@triton.jit
+def _ptr(table, j, DTYPE: tl.constexpr):
+    return tl.load(table + j).to(tl.pointer_type(DTYPE))
+
+
+@triton.jit
+def _ema_load(tab, BASE: tl.constexpr, slot, ok, K: tl.constexpr, KP: tl.constexpr):
+    """Load one AdaptiveEMA's state of the lanes' ``slot`` s (see ``estimate.py``)."""
+    mean = tl.load(_ptr(tab, BASE + 0, tl.float32) + slot, mask=ok, other=0.0)
+    r = tl.load(_ptr(tab, BASE + 1, tl.float32) + slot, mask=ok, other=0.0)
+    prev_obs = tl.load(_ptr(tab, BASE + 2, tl.float32) + slot, mask=ok, other=0.0)
+    prev_z = tl.load(_ptr(tab, BASE + 3, tl.float32) + slot, mask=ok, other=0.0)
+    alpha = tl.load(_ptr(tab, BASE + 4, tl.float32) + slot, mask=ok, other=0.0)
+    count = tl.load(_ptr(tab, BASE + 5, tl.int64) + slot, mask=ok, other=0)
+    nonf = tl.load(_ptr(tab, BASE + 6, tl.int64) + slot, mask=ok, other=0)
+    kk = tl.arange(0, KP)
+    cm = ok[:, None] & (kk[None, :] < K)
+    off = slot[:, None] * K + kk[None, :]
+    level = tl.load(_ptr(tab, BASE + 7, tl.float32) + off, mask=cm, other=0.0)
+    slope = tl.load(_ptr(tab, BASE + 8, tl.float32) + off, mask=cm, other=0.0)
+    p_ll = tl.load(_ptr(tab, BASE + 9, tl.float32) + off, mask=cm, other=0.0)
+    p_ls = tl.load(_ptr(tab, BASE + 10, tl.float32) + off, mask=cm, other=0.0)
+    p_ss = tl.load(_ptr(tab, BASE + 11, tl.float32) + off, mask=cm, other=0.0)
+    score = tl.load(_ptr(tab, BASE + 12, tl.float32) + off, mask=cm, other=0.0)
+    return mean, r, prev_obs, prev_z, alpha, count, nonf, level, slope, p_ll, p_ls, p_ss, score
+
+
+@triton.jit
+def _softmax_rows(x, cm):
+    x = tl.where(cm, x, -float("inf"))
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    e = tl.where(cm, e, 0.0)
+    return e / tl.sum(e, axis=1)[:, None]
+
+
+@triton.jit
+def _ema_step(
+    tab,
+    BASE: tl.constexpr,
+    TAIL: tl.constexpr,
+    slot,
+    ok,
+    obs,
+    chosen,
+    mean,
+    r_old,
+    prev_obs,
+    prev_z,
+    alpha_old,
+    count_old,
+    nonf,
+    level,
+    slope,
+    p_ll,
+    p_ls,
+    p_ss,
+    score,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    META: tl.constexpr,
+    TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr,
+):
+    """``AdaptiveEMA.update`` of the lanes' slots (state loaded by ``_ema_load``); stores the
+    new state, returns the estimate. Line for line the torch code of ``estimate.py``."""
+    finite = (obs == obs) & (tl.abs(obs) < float("inf"))
+    chosen = chosen & ok
+    take = chosen & finite
+    nonf = nonf + (chosen & ~finite).to(tl.int64)
+    count = count_old + take.to(tl.int64)
+    first = take & (count == 1)
+    y = tl.where(take, obs, tl.where(prev_obs == prev_obs, prev_obs, 0.0))
+
+    n = tl.maximum(count - 1, 1).to(tl.float32)
+    b = tl.maximum(1.0 / n, META)
+    dof = tl.minimum(tl.maximum(count - 2, 1), DOF_MAX).to(tl.int32)  # clamp(n - 1, 1, max)
+    c = tl.load(_ptr(tab, TAIL + 2, tl.float32) + dof - 1, mask=ok, other=1.0)
+    kappa = tl.load(_ptr(tab, TAIL + 3, tl.float32) + dof - 1, mask=ok, other=1.0)
+
+    d = y - prev_obs
+    d2 = d * d
+    has_r = (r_old == r_old) & (tl.abs(r_old) < float("inf"))
+    d2c = tl.where(has_r, tl.minimum(d2, c * c * 2.0 * r_old) / kappa, d2)
+    r_new = tl.where(has_r, r_old + b * (0.5 * d2c - r_old), 0.5 * d2)
+    r_sel = tl.where(has_r, r_old, r_new)
+    r_use = tl.where(r_sel < TINY, TINY, r_sel)[:, None]  # clamp(min=TINY): NaN stays NaN
+
+    kk = tl.arange(0, KP)
+    km = kk < K
+    cm = ok[:, None] & km[None, :]
+    q_level = tl.load(_ptr(tab, TAIL + 0, tl.float32) + kk, mask=km, other=0.0)[None, :]
+    q_slope = tl.load(_ptr(tab, TAIL + 1, tl.float32) + kk, mask=km, other=0.0)[None, :]
+    a_ll = p_ll + 2.0 * p_ls + p_ss + q_level
+    a_ls = p_ls + p_ss
+    a_ss = p_ss + q_slope
+    pred = level + slope
+    s_norm = a_ll + 1.0
+    sd = tl.sqrt(s_norm * r_use)
+    cc = c[:, None]
+    x = y[:, None] - pred
+    v = tl.where(x < -cc * sd, -cc * sd, tl.where(x > cc * sd, cc * sd, x))
+    v = tl.where(sd == sd, v, sd)  # clamp with a NaN bound is NaN, as in torch
+
+    w = _softmax_rows(score, cm)
+    pred_mix = tl.sum(tl.where(cm, w * pred, 0.0), axis=1)
+    dev = pred - pred_mix[:, None]
+    var_mix = tl.sum(tl.where(cm, w * (s_norm * r_use + dev * dev), 0.0), axis=1)
+    z = (y - pred_mix) / tl.sqrt(var_mix)
+    agree = d2 <= c * c * 2.0 * r_sel  # the two observations differ as noise does
+    shift = (tl.abs(z) > c) & (tl.abs(prev_z) > c) & (z * prev_z > 0) & agree
+
+    k_l = a_ll / s_norm
+    k_s = a_ls / s_norm
+    n_level = pred + k_l * v
+    n_slope = slope + k_s * v
+    n_pss = a_ss - k_s * a_ls
+    n_score = (1.0 - META) * score - 0.5 * (v * v) / r_use
+    n_score = n_score - tl.max(tl.where(cm, n_score, -float("inf")), axis=1)[:, None]
+    restart = tl.where(first, 1.0, 0.5)[:, None]
+    anew = (shift | first)[:, None]
+    start = tl.where(first, y, 0.5 * (prev_obs + y))[:, None]
+    tk = take[:, None]
+    level = tl.where(tk, tl.where(anew, start, n_level), level)
+    slope = tl.where(tk, tl.where(anew, 0.0, n_slope), slope)
+    p_ll = tl.where(tk, tl.where(anew, restart, k_l), p_ll)
+    p_ls = tl.where(tk, tl.where(anew, 0.0, k_s), p_ls)
+    p_ss = tl.where(tk, tl.where(anew, 0.0, n_pss), p_ss)
+    score = tl.where(tk, tl.where(first[:, None], 0.0, n_score), score)
+    off = slot[:, None] * K + kk[None, :]
+    tl.store(_ptr(tab, BASE + 7, tl.float32) + off, level, mask=cm)
+    tl.store(_ptr(tab, BASE + 8, tl.float32) + off, slope, mask=cm)
+    tl.store(_ptr(tab, BASE + 9, tl.float32) + off, p_ll, mask=cm)
+    tl.store(_ptr(tab, BASE + 10, tl.float32) + off, p_ls, mask=cm)
+    tl.store(_ptr(tab, BASE + 11, tl.float32) + off, p_ss, mask=cm)
+    tl.store(_ptr(tab, BASE + 12, tl.float32) + off, score, mask=cm)
+
+    w = _softmax_rows(score, cm)
+    anchor = tl.sum(tl.where(cm & (kk[None, :] == 0), level, 0.0), axis=1)
+    new_mean = anchor + tl.sum(tl.where(cm, w * (level - anchor[:, None]), 0.0), axis=1)
+    new_alpha = tl.where(shift | first, 1.0, tl.sum(tl.where(cm, w * k_l, 0.0), axis=1))
+    mean = tl.where(take, new_mean, mean)
+    r = tl.where(take, tl.where(first, r_old, r_new), r_old)
+    # AdaptiveEMA.std_error: the mixture's posterior variance of the level.
+    spread = level - mean[:, None]
+    se = tl.sqrt(tl.sum(tl.where(cm, w * (p_ll * r[:, None] + spread * spread), 0.0), axis=1))
+    tl.store(_ptr(tab, BASE + 0, tl.float32) + slot, mean, mask=ok)
+    tl.store(_ptr(tab, BASE + 1, tl.float32) + slot, r, mask=ok)
+    tl.store(_ptr(tab, BASE + 2, tl.float32) + slot, tl.where(take, y, prev_obs), mask=ok)
+    z_new = tl.where(take, tl.where(first, 0.0, z), prev_z)
+    tl.store(_ptr(tab, BASE + 3, tl.float32) + slot, z_new, mask=ok)
+    tl.store(_ptr(tab, BASE + 4, tl.float32) + slot, tl.where(take, new_alpha, alpha_old), mask=ok)
+    tl.store(_ptr(tab, BASE + 5, tl.int64) + slot, count, mask=ok)
+    tl.store(_ptr(tab, BASE + 6, tl.int64) + slot, nonf, mask=ok)
+    return mean, se
+
+
+@triton.jit
+def _ema_update_kernel(
+    tab, obs, mask, out, num_slots,
+    HAS_MASK: tl.constexpr, LOG: tl.constexpr, TAIL: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """``AdaptiveEMA.update`` (``LOG``: ``update_log``) of ``BLOCK`` slots per program."""
+    slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = slot < num_slots
+    y = tl.load(obs + slot, mask=ok, other=0.0)
+    chosen = ok
+    if HAS_MASK:
+        chosen = chosen & (tl.load(mask + slot, mask=ok, other=0) != 0)
+    if LOG:  # a zero magnitude (log 0) is no observation; NaN compares false: not chosen
+        y = tl.log(y)
+        chosen = chosen & (y > -float("inf"))
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, slot, ok, K, KP)
+    est, _ = _ema_step(
+        tab, 0, TAIL, slot, ok, y, chosen,
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
+        K, KP, META, TINY, DOF_MAX,
+    )  # fmt: skip
+    if LOG:
+        tl.store(out + slot, tl.exp(est), mask=ok)
+
+
+@triton.jit
+def _engagement_kernel(
+    tab, engaged, total, top, mask, k_stride, n_stride, top_stride, num_slots,
+    p, z_threshold,
+    HAS_MASK: tl.constexpr, ENG: tl.constexpr, TAIL: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """``EngagementCorrection.observe`` of ``BLOCK`` consumers per program."""
+    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < num_slots
+    kf = tl.load(engaged + c * k_stride, mask=ok, other=0).to(tl.float64)
+    nf = tl.load(total + c * n_stride, mask=ok, other=0).to(tl.float64)
+    mx = tl.load(top + c * top_stride, mask=ok, other=0.0).to(tl.float32)
+    take = ok & (nf > 0)
+    if HAS_MASK:
+        take = take & (tl.load(mask + c, mask=ok, other=0) != 0)
+    e_rate = tl.load(_ptr(tab, ENG + 0, tl.float32) + c, mask=ok, other=0.0)
+    e_max = tl.load(_ptr(tab, ENG + 1, tl.float32) + c, mask=ok, other=0.0)
+    e_z = tl.load(_ptr(tab, ENG + 2, tl.float32) + c, mask=ok, other=0.0)
+    e_k = tl.load(_ptr(tab, ENG + 3, tl.int64) + c, mask=ok, other=0)
+    e_n = tl.load(_ptr(tab, ENG + 4, tl.int64) + c, mask=ok, other=0)
+    frac = tl.where(take, kf / nf, float("nan")).to(tl.float32)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, c, ok, K, KP)
+    f, _ = _ema_step(
+        tab, 0, TAIL, c, ok, frac, take,
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
+        K, KP, META, TINY, DOF_MAX,
+    )  # fmt: skip
+    f = f.to(tl.float64)
+    z = (f - p) / tl.sqrt(p * (1.0 - p) / tl.maximum(nf, 1.0))
+    stale = take & (z > z_threshold)
+    rate = tl.where(stale, (f - p) / f, 0.0).to(tl.float32)
+    tl.store(_ptr(tab, ENG + 0, tl.float32) + c, tl.where(take, rate, e_rate), mask=ok)
+    finite = take & (tl.abs(mx) < float("inf"))  # NaN compares false
+    tl.store(_ptr(tab, ENG + 1, tl.float32) + c, tl.where(finite, mx, e_max), mask=ok)
+    tl.store(_ptr(tab, ENG + 2, tl.float32) + c, tl.where(take, z.to(tl.float32), e_z), mask=ok)
+    tl.store(_ptr(tab, ENG + 3, tl.int64) + c, e_k + tl.where(take, kf, 0.0).to(tl.int64), mask=ok)
+    tl.store(_ptr(tab, ENG + 4, tl.int64) + c, e_n + tl.where(take, nf, 0.0).to(tl.int64), mask=ok)
+
+
+# --- launchers --------------------------------------------------------------------------------
+_dof_tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}
+
+
+def dof_tables(device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(dof_max, c, kappa)``: the estimator's outlier threshold and its consistency factor per
+    degree of freedom 1..dof_max, computed by ``estimate.py`` itself (float32, as its update
+    computes them) on ``device``, once per device."""
+    from trimtab import estimate
+
+    got = _dof_tables.get(device)
+    if got is None:
+        dof_max = int(torch.tensor((2.0 - estimate.META_RATE) / estimate.META_RATE).item())
+        dof = torch.arange(1, dof_max + 1, dtype=torch.float32, device=device)
+        c = estimate._t_threshold(estimate.OUTLIER_Z, dof)
+        got = (dof_max, c, estimate._clipped_second_moment(c))
+        _dof_tables[device] = got
+    return got
+
+
+def _table(owner: object, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The (cached on ``owner``) int64 device array of the tensors' data pointers."""
+    key = tuple(t.data_ptr() for t in tensors)
+    cached = getattr(owner, "_kernel_table", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    host = torch.tensor(key, dtype=torch.int64)
+    device = tensors[0].device
+    if device.type == "cuda":  # pinned + non_blocking: an asynchronous copy, not a host sync
+        host = host.pin_memory()
+    table = host.to(device, non_blocking=True)
+    owner._kernel_table = (key, table)  # type: ignore[attr-defined]
+    return table
+
+
+def _ema_tensors(ema: AdaptiveEMA) -> list[torch.Tensor]:
+    return [ema._t[n] for n in EMA_FIELDS + EMA_BANK]
+
+
+def _tail(ema: AdaptiveEMA) -> list[torch.Tensor]:
+    _, c, kappa = dof_tables(ema.device)
+    return [ema._q_level, ema._q_slope, c, kappa]
+
+
+def _consts(ema: AdaptiveEMA) -> dict:
+    from trimtab import estimate
+
+    k = ema._q_level.numel()
+    return {"K": k, "KP": triton.next_power_of_2(k), "META": estimate.META_RATE,
+            "TINY": estimate.TINY, "DOF_MAX": dof_tables(ema.device)[0]}  # fmt: skip
+
+
+def ema_update_triton(
+    ema: AdaptiveEMA, obs: torch.Tensor, mask: torch.Tensor | None, log: bool
+) -> torch.Tensor:
+    """One launch of ``ema.update(obs, mask)`` (``log``: ``update_log``); float32 state and
+    observations, already validated by the estimator. Returns what the reference returns."""
+    table = _table(ema, _ema_tensors(ema) + _tail(ema))
+    n = ema.num_slots
+    out = torch.empty_like(obs) if log else obs
+    m = mask.view(torch.uint8) if mask is not None else obs
+    _ema_update_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
+        table, obs.contiguous(), m, out, n,
+        HAS_MASK=mask is not None, LOG=log, TAIL=EMA_WIDTH, BLOCK=BLOCK_SLOTS, **_consts(ema),
+    )  # fmt: skip
+    return out if log else ema._t["mean"]
+
+
+def _vector(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """``x`` (one element, or ``n`` along one dimension) and its element stride."""
+    if x.numel() == 1:
+        return x, 0
+    if x.numel() != n:
+        raise ValueError(f"expected one value or {n}, got a tensor of shape {tuple(x.shape)}")
+    x = x.reshape(-1)
+    return x, x.stride(0)
+
+
+def engagement_observe_triton(
+    eng: EngagementCorrection,
+    engaged: torch.Tensor,
+    total: torch.Tensor,
+    observed_max: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """One launch of ``eng.observe(engaged, total, observed_max, mask)``; returns ``eng.rate``."""
+    ema = eng._fraction
+    tensors = _ema_tensors(ema) + [getattr(eng, f) for f in ENG_FIELDS] + _tail(ema)
+    table = _table(eng, tensors)
+    n = eng.num_consumers
+    (k, ks), (t, ts), (top, ms) = (_vector(x, n) for x in (engaged, total, observed_max))
+    m = mask.view(torch.uint8) if mask is not None else k
+    _engagement_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
+        table, k, t, top, m, ks, ts, ms, n, eng.expected_rate, eng.z_threshold,
+        HAS_MASK=mask is not None, ENG=EMA_WIDTH, TAIL=EMA_WIDTH + len(ENG_FIELDS),
+        BLOCK=BLOCK_SLOTS, **_consts(ema),
+    )  # fmt: skip
+    return eng._rate
+
+
+__all__ = ["dof_tables", "ema_update_triton", "engagement_observe_triton"]
