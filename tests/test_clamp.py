@@ -189,3 +189,39 @@ def test_clamp_and_guard_are_sync_free():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert x.abs().max().item() <= 2.0
+
+
+# --- scale_finite_: the gradient clip's multi-tensor scale-and-sanitise --------------------------
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_scale_finite_kernel_matches_reference(kernel_device) -> None:
+    from trimtab.clamp import scale_finite_
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(0,), (1,), (37,), (2049,), (3, 700)]
+    xs = [torch.randn(s, generator=g) * 1e30 for s in shapes]
+    xs[2][5], xs[3][0], xs[3][2048], xs[4][1, 3] = math.nan, math.inf, -math.inf, math.nan
+    scale = torch.tensor([0.5, 1.0, 0.0, 2.0, 1e-3])
+    ref = [x.clone().to(kernel_device) for x in xs]
+    ker = [x.clone().to(kernel_device) for x in xs]
+    ca = torch.zeros(1, dtype=torch.int64, device=kernel_device)
+    cb = torch.zeros(1, dtype=torch.int64, device=kernel_device)
+    scale_finite_(ref, scale.to(kernel_device), ca, impl="torch")
+    scale_finite_(ker, scale.to(kernel_device), cb, impl="triton")
+    for a, b in zip(ref, ker):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+        assert torch.isfinite(b).all()
+    assert int(ca) == int(cb) == 4
+    torch.testing.assert_close(ref[0].cpu(), torch.empty(0))
+    torch.testing.assert_close(ref[3].cpu()[1:2047], xs[3][1:2047] * 2.0)
+    assert (ref[2] == 0).all()  # scale 0 (a non-finite gradient): zeroed, NaN included
+
+
+def test_scale_finite_rejects_bad_arguments() -> None:
+    from trimtab.clamp import scale_finite_
+
+    with pytest.raises(ValueError, match="2 elements for 1 tensors"):
+        scale_finite_([torch.ones(3)], torch.ones(2))
+    with pytest.raises(TypeError, match="float32"):
+        scale_finite_([torch.ones(3)], torch.ones(1, dtype=torch.float64))
+    with pytest.raises(TypeError, match="int64"):
+        scale_finite_([torch.ones(3)], torch.ones(1), torch.zeros(2, dtype=torch.int64))

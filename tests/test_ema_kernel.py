@@ -94,11 +94,11 @@ def test_update_kernel_follows_reset_and_load(kernel_device) -> None:
     _close(ref.state_dict(), ker.state_dict())
 
 
-def test_update_kernel_refuses_float64_when_asked_for() -> None:
-    ema = AdaptiveEMA(2, dtype=torch.float64)
+def test_update_kernel_refuses_float64_when_asked_for(kernel_device) -> None:
+    ema = AdaptiveEMA(2, device=kernel_device, dtype=torch.float64)
     with pytest.raises(ValueError, match="float32"):
-        ema.update(torch.zeros(2, dtype=torch.float64), impl="triton")
-    ema.update(torch.zeros(2, dtype=torch.float64))  # impl=None: the reference, silently
+        ema.update(torch.zeros(2, dtype=torch.float64, device=kernel_device), impl="triton")
+    ema.update(torch.zeros(2, dtype=torch.float64, device=kernel_device))  # None: the reference
 
 
 def _counts(consumers: int, steps: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
@@ -182,3 +182,26 @@ def test_kernels_make_no_host_sync_and_capture_in_a_cuda_graph() -> None:
         static.copy_(torch.full((8,), 1.0 + step, device="cuda"))
         graph.replay()
         torch.testing.assert_close(out, ref.update_log(static, impl="torch"), rtol=2e-5, atol=0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fold_kernel_matches_correct_then_update_log(kernel_device, masked) -> None:
+    """EngagementCorrection.fold: the correction of a stale bound and the log-scale fold in one
+    launch, against ``ema.update_log(eng.correct(bound))``."""
+    eng = {i: EngagementCorrection(3, 0.01, device=kernel_device) for i in "ab"}
+    ema = {i: AdaptiveEMA(3, device=kernel_device) for i in "ab"}
+    g = torch.Generator().manual_seed(1)
+    for step in range(16):
+        n = torch.full((3,), 100, device=kernel_device)
+        k = torch.tensor([1, 30 if step > 4 else 1, 0], device=kernel_device)  # 1 goes stale
+        top = torch.tensor([5.0, 9.0, math.nan if step % 2 else 4.0], device=kernel_device)
+        bound = (1.0 + torch.rand(3, generator=g)).to(kernel_device)
+        bound[2] = math.inf if step == 7 else bound[2]
+        mask = (torch.arange(3) != step % 3).to(kernel_device) if masked else None
+        for i, impl in (("a", "torch"), ("b", "triton")):
+            eng[i].observe(k, n, top, impl=impl)
+        a = eng["a"].fold(ema["a"], bound, mask, impl="torch")
+        b = eng["b"].fold(ema["b"], bound, mask, impl="triton")
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, equal_nan=True)
+        _close(ema["a"].state_dict(), ema["b"].state_dict())
+    assert eng["b"].stale[1]  # the raise was exercised

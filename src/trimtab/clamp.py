@@ -10,7 +10,7 @@ from trimtab._impl import resolve_impl
 from trimtab._sentinel_state import SUPPORTED_DTYPES, abs_max_reference, record_reference
 from trimtab.sentinel import Sentinel
 
-__all__ = ["clamp_finite_", "guard_"]
+__all__ = ["clamp_finite_", "guard_", "scale_finite_"]
 
 Bound = torch.Tensor | float
 
@@ -45,6 +45,54 @@ def clamp_finite_(
     else:
         _clamp_reference_(x, bound, counter)
     return x
+
+
+def scale_finite_(
+    tensors: list[torch.Tensor],
+    scale: torch.Tensor,
+    counter: torch.Tensor | None = None,
+    *,
+    impl: str | None = None,
+) -> list[torch.Tensor]:
+    """In place: ``tensors[i] *= scale[i]``, then every NaN and ±Inf becomes +0.
+
+    The gradient clip's step over many tensors in one launch (the kernel) instead of one per
+    tensor. ``scale``: float32, one element per tensor, on their device (read on the device: no
+    sync). ``counter`` (optional, int64, one element): ``+=`` the number of non-finite elements
+    replaced. The reference multiplies in each tensor's dtype and then runs
+    :func:`clamp_finite_` with no bound per tensor; the kernel, for float32 tensors, does both
+    in one read and one write of every element. Returns ``tensors``.
+    """
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        raise TypeError(f"scale must be a float32 tensor, got {getattr(scale, 'dtype', scale)}")
+    if scale.numel() != len(tensors):
+        raise ValueError(f"scale has {scale.numel()} elements for {len(tensors)} tensors")
+    if counter is not None and (counter.dtype != torch.int64 or counter.numel() != 1):
+        raise TypeError("counter must be a one-element int64 tensor or None")
+    if not tensors:
+        return tensors
+    every = [*tensors, scale, *(() if counter is None else (counter,))]
+    if len({t.device for t in every}) > 1:
+        raise ValueError(f"tensors, scale and counter must be on one device, got "
+                         f"{sorted({str(t.device) for t in every})}")  # fmt: skip
+    chosen = resolve_impl(impl, every)
+    fits = all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+    if chosen == "triton" and not fits:
+        if impl is not None:
+            raise ValueError("impl='triton' needs contiguous float32 tensors; pass impl=None")
+        chosen = "torch"
+    if chosen == "triton":
+        from trimtab.kernels.clamp import launch_scale_finite
+
+        launch_scale_finite(tensors, scale.contiguous(), counter)
+        return tensors
+    torch._foreach_mul_(tensors, [c.to(t.dtype) for c, t in zip(scale.unbind(), tensors)])
+    pair = None if counter is None else torch.zeros(2, dtype=torch.int64, device=scale.device)
+    for t in tensors:  # NaN * c is NaN: the non-finite elements are replaced here
+        clamp_finite_(t, float("nan"), pair, impl="torch")
+    if counter is not None:
+        counter.add_(pair[1])
+    return tensors
 
 
 def guard_(

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from trimtab.clamp import clamp_finite_
+from trimtab.clamp import scale_finite_
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
 from trimtab.lifecycle import register
@@ -35,9 +35,10 @@ class AdaptiveGradClip:
 
     1. **Sanitise.** A gradient tensor holding any NaN or ±Inf is zeroed as a whole (its finite
        elements came out of the same broken backward): the per-tensor norms that the clip
-       computes anyway tell which ones, and its clip coefficient is set to 0; then
-       :func:`trimtab.clamp_finite_` (no bound) replaces the NaN/±Inf themselves, in one more
-       pass. :attr:`nonfinite` counts ``[tensors, elements]`` zeroed for that reason.
+       computes anyway tell which ones, and its clip coefficient is set to 0; the scaling pass,
+       :func:`trimtab.clamp.scale_finite_` (one launch for every tensor on the GPU), replaces
+       the NaN/±Inf themselves. :attr:`nonfinite` counts ``[tensors, elements]`` zeroed for
+       that reason.
     2. **Clip.** Every gradient is multiplied by ``min(1, b_t / (n_t + ε))``: a coefficient,
        never a host-side branch (``torch.nn.utils.clip_grad_norm_``'s rule). Unset bound
        (the first step after construction or reset): no clip.
@@ -118,7 +119,7 @@ class AdaptiveGradClip:
         self._count = torch.zeros((), dtype=torch.int64, device=self.device)
         #: ``[tensors, elements]`` of gradient that held NaN or ±Inf, zeroed (int64, device).
         self.nonfinite = torch.zeros(2, dtype=torch.int64, device=self.device)
-        self._clamp_counter = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self._one = torch.ones((), dtype=torch.int64, device=self.device)  # one norm per bound
         #: Steps on which each bound clipped (int64 [num_bounds], on the device).
         self.engaged = torch.zeros(self.num_bounds, dtype=torch.int64, device=self.device)
         self._group_index: dict[tuple[int, ...], torch.Tensor] = {}
@@ -183,21 +184,17 @@ class AdaptiveGradClip:
         bound = torch.where(torch.isnan(slot), math.inf, torch.fmax(slot, floor))
         coef = (bound / (group_norm + NORM_EPS)).clamp(max=1.0)
         per_tensor = torch.where(finite, coef[index], 0.0)
-        torch._foreach_mul_(grads, [c.to(g.dtype) for c, g in zip(per_tensor.unbind(), grads)])
-        # NaN * 0 is NaN: the non-finite elements themselves are replaced by the sanitiser.
-        self._clamp_counter.zero_()
-        for g in grads:
-            clamp_finite_(g, math.nan, self._clamp_counter)
-        self.nonfinite[1].add_(self._clamp_counter[1])
+        # NaN * 0 is NaN: the non-finite elements themselves are replaced (and counted) too.
+        scale_finite_(grads, per_tensor, self.nonfinite[1:])
 
         engaged = group_norm > bound
         self.engaged.add_(engaged.to(torch.int64))
-        self.engagement.observe(engaged.float(), 1, group_norm)
+        self.engagement.observe(engaged.float(), self._one, group_norm)
         position = (self._count % self.window).reshape(1, 1).expand(self.num_bounds, 1)
         self._history.scatter_(1, position, torch.minimum(group_norm, bound)[:, None])
         self._count.add_(1)
         observation = abs_quantiles(list(self._history.unbind()), self.quantile)
-        slot.copy_(self._ema.update_log(self.engagement.correct(observation)))
+        slot.copy_(self.engagement.fold(self._ema, observation))
         return total
 
     def state_dict(self) -> dict[str, Any]:

@@ -224,6 +224,28 @@ class EngagementCorrection:
         gap = (self._max - bound).clamp(min=0.0).nan_to_num(0.0)
         return bound + self._rate.to(bound.dtype) * gap.to(bound.dtype)
 
+    def fold(
+        self,
+        ema: AdaptiveEMA,
+        bound: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        impl: str | None = None,
+    ) -> torch.Tensor:
+        """``ema.update_log(self.correct(bound), mask)``: a measured bound, raised where stale,
+        folded into its slots' estimator on a log scale (one launch on the GPU). ``ema`` has
+        one slot per consumer. Returns the new estimate, ``exp`` of the log-scale one."""
+        if ema.num_slots != self.num_consumers:
+            raise ValueError(
+                f"the estimator has {ema.num_slots} slots for {self.num_consumers} consumers"
+            )
+        ema._check(bound, mask)
+        if ema._impl(impl, bound) == "triton":
+            from trimtab.kernels.ema import ema_update_triton
+
+            return ema_update_triton(ema, bound, mask, log=True, correction=self)
+        return ema.update_log(self.correct(bound), mask, impl="torch")
+
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -159,7 +159,11 @@ class StateVector:
         if floor is None:
             return v
         if not isinstance(floor, torch.Tensor):
-            floor = torch.full_like(v, floor)  # a fill on the device: no host-to-device copy
+            floors = self.__dict__.setdefault("_floors", {})
+            key = (float(floor), v.dtype)
+            if key not in floors:  # filled on the device once (no host copy), then reused
+                floors[key] = torch.full((), float(floor), dtype=v.dtype, device=v.device)
+            floor = floors[key]
         return torch.fmax(v, floor)
 
     def is_set(self, name: str) -> torch.Tensor:

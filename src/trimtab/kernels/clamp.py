@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from trimtab.kernels._table import pointer_table
 from trimtab.kernels.sentinel import REDUCE_BLOCK, record_first_fire, reduce_partials, scratch
 
 #: Elements per program (one load each: x is read exactly once and written once).
@@ -155,3 +156,34 @@ def launch_clamp(
         RBLOCK=REDUCE_BLOCK,
         num_warps=8,
     )
+
+
+#: Elements per program of :func:`launch_scale_finite`.
+SCALE_BLOCK = 2048
+
+
+@triton.jit
+def _scale_finite_kernel(ptrs, numels, block_start, block_tensor, scale, counter,
+                         COUNT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """``x_t *= scale[t]``, then NaN/±Inf -> +0, over many float32 tensors (a pointer table)."""
+    pid = tl.program_id(0)
+    t = tl.load(block_tensor + pid)
+    idx = (pid - tl.load(block_start + t)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < tl.load(numels + t)
+    ptr = tl.load(ptrs + t).to(tl.pointer_type(tl.float32))
+    y = tl.load(ptr + idx, mask=mask, other=0.0) * tl.load(scale + t)
+    finite = tl.abs(y) < float("inf")  # False for NaN
+    tl.store(ptr + idx, tl.where(finite, y, 0.0), mask=mask)
+    if COUNT:
+        tl.atomic_add(counter, tl.sum((~finite & mask).to(tl.int64), axis=0))
+
+
+def launch_scale_finite(
+    tensors: list[torch.Tensor], scale: torch.Tensor, counter: torch.Tensor | None
+) -> None:
+    """One launch of :func:`trimtab.clamp.scale_finite_` (contiguous float32 tensors)."""
+    table = pointer_table(tensors, SCALE_BLOCK)
+    _scale_finite_kernel[(table.num_blocks,)](
+        table.ptrs, table.numels, table.block_start, table.block_tensor, scale,
+        scale if counter is None else counter, COUNT=counter is not None, BLOCK=SCALE_BLOCK,
+    )  # fmt: skip

@@ -192,15 +192,22 @@ def _ema_step(
 
 @triton.jit
 def _ema_update_kernel(
-    tab, obs, mask, out, num_slots,
-    HAS_MASK: tl.constexpr, LOG: tl.constexpr, TAIL: tl.constexpr,
+    tab, obs, mask, out, rate, top, num_slots,
+    HAS_MASK: tl.constexpr, LOG: tl.constexpr, CORRECT: tl.constexpr, TAIL: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
     DOF_MAX: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """``AdaptiveEMA.update`` (``LOG``: ``update_log``) of ``BLOCK`` slots per program."""
+    """``AdaptiveEMA.update`` (``LOG``: ``update_log``) of ``BLOCK`` slots per program;
+    ``CORRECT``: of ``EngagementCorrection.correct(obs)`` (``rate``, ``top``: its rate, max)."""
     slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = slot < num_slots
     y = tl.load(obs + slot, mask=ok, other=0.0)
+    if CORRECT:  # y + rate * nan_to_num(clamp(max - y, min=0), 0)
+        gap = tl.load(top + slot, mask=ok, other=0.0) - y
+        gap = tl.where(gap < 0.0, 0.0, gap)
+        gap = tl.where(gap == gap, gap, 0.0)
+        gap = tl.where(gap == float("inf"), 3.4028234663852886e38, gap)
+        y = y + tl.load(rate + slot, mask=ok, other=0.0) * gap
     chosen = ok
     if HAS_MASK:
         chosen = chosen & (tl.load(mask + slot, mask=ok, other=0) != 0)
@@ -311,17 +318,24 @@ def _consts(ema: AdaptiveEMA) -> dict:
 
 
 def ema_update_triton(
-    ema: AdaptiveEMA, obs: torch.Tensor, mask: torch.Tensor | None, log: bool
+    ema: AdaptiveEMA,
+    obs: torch.Tensor,
+    mask: torch.Tensor | None,
+    log: bool,
+    correction: EngagementCorrection | None = None,
 ) -> torch.Tensor:
-    """One launch of ``ema.update(obs, mask)`` (``log``: ``update_log``); float32 state and
-    observations, already validated by the estimator. Returns what the reference returns."""
+    """One launch of ``ema.update(obs, mask)`` (``log``: ``update_log``; ``correction``: of
+    ``correction.correct(obs)``); float32 state and observations, already validated. Returns
+    what the reference returns."""
     table = _table(ema, _ema_tensors(ema) + _tail(ema))
     n = ema.num_slots
     out = torch.empty_like(obs) if log else obs
     m = mask.view(torch.uint8) if mask is not None else obs
+    rate, top = (obs, obs) if correction is None else (correction._rate, correction._max)
     _ema_update_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
-        table, obs.contiguous(), m, out, n,
-        HAS_MASK=mask is not None, LOG=log, TAIL=EMA_WIDTH, BLOCK=BLOCK_SLOTS, **_consts(ema),
+        table, obs.contiguous(), m, out, rate, top, n,
+        HAS_MASK=mask is not None, LOG=log, CORRECT=correction is not None, TAIL=EMA_WIDTH,
+        BLOCK=BLOCK_SLOTS, **_consts(ema),
     )  # fmt: skip
     return out if log else ema._t["mean"]
 

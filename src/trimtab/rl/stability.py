@@ -258,10 +258,14 @@ class Stability(StepGuard):
     def _produce(self, c: int, slot: str, x: Tensor) -> Tensor:
         """Measure p99 |x| (before any clamp), raise it by the engagement correction, fold it
         into the slot; return the bound a consumer reads."""
-        obs = self.engagement.correct(abs_quantile(x, Q).reshape(1).expand(len(_CONSUMERS)))
-        self.state[slot].copy_(self.ema.update_log(obs, self._masks[c])[c])
-        finite_abs = torch.where(torch.isfinite(x), x.abs(), 0.0)
-        self._step_max[c] = finite_abs.amax().float()
+        obs = abs_quantile(x, Q).reshape(1).expand(len(_CONSUMERS)).contiguous()
+        self.state[slot].copy_(self.engagement.fold(self.ema, obs, self._masks[c])[c])
+        # the largest finite |x| (NaN and ±Inf count as 0), for the engagement correction
+        flat = x.detach().reshape(-1).float().abs().nan_to_num_(0.0, 0.0, 0.0)
+        if flat.numel():
+            torch.amax(flat, 0, out=self._step_max[c])
+        else:
+            self._step_max[c].zero_()
         self._step_seen[c].fill_(x.numel())  # fill_: a kernel argument, not a host copy
         return self.state.read(slot, floor=SUPPORT_FLOOR)
 
@@ -269,8 +273,8 @@ class Stability(StepGuard):
         counts = self._step_counts[c]
         counts.zero_()
         self._guard(name, x, bound, counts)
-        self._log_counts[c, 0] += counts[0]
-        self._log_counts[c, 1] += x.numel()
+        self._log_counts[c, 0].add_(counts[0])  # add_ on a view: no write-back copy
+        self._log_counts[c, 1].add_(x.numel())
         return x
 
     def _observe_engagement(self) -> None:
