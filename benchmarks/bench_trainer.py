@@ -6,7 +6,9 @@ per stability mode, and (on CUDA) a proof that the guarded step makes no host sy
 Workload: the default ``trimtab train`` config (4 assets, 16 envs, batch 64, the default net),
 fold 0 of the embedded market. Env steps/s counts single-env transitions (16 per batched
 step: act, env step, replay insert). A gradient step is sample + loss + backward + clip +
-optimizer step + every sentinel check of the mode. ``guard overhead`` = adaptive / off.
+optimizer step + every sentinel check of the mode. The modes' gradient steps are timed
+interleaved (rounds of 50 steps of each mode in turn, the median round per mode), so all three
+see the same machine state. ``guard overhead`` = adaptive / off.
 """
 
 from __future__ import annotations
@@ -67,30 +69,52 @@ def collect(env: BatchedTradingEnv, agent: DQNAgent, replay: Any, obs: torch.Ten
     return obs
 
 
-def measure(cfg: TrainConfig, device: torch.device, steps: int) -> dict[str, float]:
+def prepare(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
+    """One mode's agent, warmed up (kernels compiled, tables built, moments allocated), with its
+    environment steps/s measured."""
     env, agent, _, replay = build(cfg, device)
     gen = torch.Generator(device=device).manual_seed(0)
     obs = collect(env, agent, replay, env.reset(), 64)
-    for _ in range(10):  # warm-up: kernels compiled, pointer tables built, moments allocated
+    for _ in range(10):
         agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
     _sync(device)
     t0 = time.perf_counter()
-    obs = collect(env, agent, replay, obs, steps)
+    obs = collect(env, agent, replay, obs, 64)
     _sync(device)
-    env_rate = steps * env.n_envs / (time.perf_counter() - t0)
-    times = []
-    for _ in range(3):
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
-        _sync(device)
-        times.append((time.perf_counter() - t0) / steps)
-    ms = statistics.median(times) * 1e3
-    out = {"env_steps_per_s": env_rate, "grad_step_ms": ms, "grad_steps_per_s": 1e3 / ms}
-    if device.type == "cuda":
-        out["sync_free"] = sync_free(env, agent, replay, obs, gen, cfg)
-    return out
+    rate = 64 * env.n_envs / (time.perf_counter() - t0)
+    return {"cfg": cfg, "env": env, "agent": agent, "replay": replay, "gen": gen, "obs": obs,
+            "env_steps_per_s": rate, "times": []}  # fmt: skip
+
+
+def time_updates(m: dict[str, Any], device: torch.device, steps: int) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        m["agent"].update(m["replay"].sample(m["cfg"].agent.batch_size, m["gen"]), m["replay"])
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
+
+
+def measure_all(cfgs: dict[str, TrainConfig], device: torch.device, steps: int, rounds: int):
+    """Gradient-step time per mode, the modes interleaved: ``rounds`` rounds, each timing
+    ``steps`` steps of every mode in turn, and the median round per mode. Interleaving puts
+    every mode under the same machine state (clocks, other load), which drifted by ~20% between
+    back-to-back runs of one mode on the H200 host."""
+    modes = {name: prepare(cfg, device) for name, cfg in cfgs.items()}
+    for _ in range(rounds):
+        for m in modes.values():
+            m["times"].append(time_updates(m, device, steps))
+    rows = {}
+    for name, m in modes.items():
+        ms = statistics.median(m["times"]) * 1e3
+        rows[name] = {"env_steps_per_s": m["env_steps_per_s"], "grad_step_ms": ms,
+                      "grad_steps_per_s": 1e3 / ms,
+                      "round_ms": [round(t * 1e3, 3) for t in m["times"]]}  # fmt: skip
+        if device.type == "cuda":
+            rows[name]["sync_free"] = sync_free(
+                m["env"], m["agent"], m["replay"], m["obs"], m["gen"], m["cfg"]
+            )
+    return rows
 
 
 def sync_free(env, agent, replay, obs, gen, cfg) -> str:
@@ -117,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="few steps, a small net")
-    parser.add_argument("--steps", type=int, default=200, help="timed steps per measurement")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per mode and round")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (median)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -127,9 +152,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         cfg = replace(cfg, agent=replace(cfg.agent, hidden=16, n_tau=2, n_tau_target=2))
         steps = 5
-    rows = {}
-    for mode in ("off", "fixed", "adaptive"):
-        rows[mode] = measure(replace(cfg, run=replace(cfg.run, stability=mode)), device, steps)
+    modes = ("off", "fixed", "adaptive")
+    cfgs = {m: replace(cfg, run=replace(cfg.run, stability=m)) for m in modes}
+    rows = measure_all(cfgs, device, steps, 2 if args.quick else args.rounds)
     overhead = rows["adaptive"]["grad_step_ms"] / rows["off"]["grad_step_ms"]
     print(f"trainer throughput on {device} ({'quick' if args.quick else 'default config'})\n")
     print("| stability | env steps/s | gradient steps/s | ms per gradient step | sync-free |")
@@ -139,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r['grad_step_ms']:.2f} | {r.get('sync_free', 'n/a (CPU)')} |")  # fmt: skip
     print(f"\nguard overhead (adaptive / off): {overhead:.2f}x")
     result = {"benchmark": "trainer", **provenance(device), "quick": args.quick,
-              "steps": steps, "modes": rows, "guard_overhead": overhead}  # fmt: skip
+              "steps": steps, "rounds": 2 if args.quick else args.rounds, "modes": rows,
+              "guard_overhead": overhead}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
