@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from trimtab._impl import resolve_impl
 from trimtab.clamp import scale_finite_
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
@@ -154,10 +155,16 @@ class AdaptiveGradClip:
         self.engaged.zero_()
 
     @torch.no_grad()
-    def __call__(self, params: Iterable[torch.Tensor] | None = None) -> torch.Tensor:
+    def __call__(
+        self, params: Iterable[torch.Tensor] | None = None, *, impl: str | None = None
+    ) -> torch.Tensor:
         """Sanitise and clip the gradients; returns the total norm of the finite gradients
         before clipping (a 0-dim device tensor, as ``clip_grad_norm_``). ``params`` defaults
-        to the parameters given at construction (then grouped as given)."""
+        to the parameters given at construction (then grouped as given).
+
+        ``impl``: ``None`` runs the step after the norms as one Triton launch
+        (:mod:`trimtab.kernels.clip`) and the scaling as another on CUDA, the pure-PyTorch
+        reference elsewhere; ``"torch"``/``"triton"`` force one."""
         if params is None:
             pairs = [(gi, p) for gi, g in enumerate(self.groups) for p in g]
         else:
@@ -167,14 +174,45 @@ class AdaptiveGradClip:
             return torch.zeros((), device=self.device)
         grads = [p.grad for _, p in pairs]
         norms = torch.stack(torch._foreach_norm(grads)).float()
-        finite = torch.isfinite(norms)
-        self.nonfinite[0].add_((~finite).sum())
-        sq = torch.where(finite, norms, 0.0).square()
         key = tuple(gi for gi, _ in pairs)
         index = self._group_index.get(key)
         if index is None:
             index = torch.tensor(key, dtype=torch.int64).to(self.device)
             self._group_index[key] = index
+        if self._impl(impl, norms, len(grads)) == "triton":
+            from trimtab.kernels.clip import clip_step_triton
+
+            scale = torch.empty_like(norms)
+            total = torch.empty((), device=self.device)
+            clip_step_triton(self, norms, index, scale, total)
+        else:
+            scale, total = self._step_reference(norms, index)
+        # NaN * 0 is NaN: the non-finite elements themselves are replaced (and counted) too.
+        scale_finite_(grads, scale, self.nonfinite[1:], impl=impl)
+        return total
+
+    def _impl(self, impl: str | None, norms: torch.Tensor, num_tensors: int) -> str:
+        chosen = resolve_impl(impl, [norms])
+        if chosen == "triton":
+            from trimtab.kernels.clip import fits
+
+            if not fits(self, num_tensors):
+                if impl is not None:
+                    raise ValueError(
+                        f"impl='triton' runs a window of at most 4096 norms over at most 4096 "
+                        f"tensors, got window={self.window}, {num_tensors} tensors; pass impl=None"
+                    )
+                return "torch"
+        return chosen
+
+    def _step_reference(
+        self, norms: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step after the per-tensor norms (the kernel's reference): returns the per-tensor
+        scale (0 for a non-finite tensor) and the total norm of the finite ones."""
+        finite = torch.isfinite(norms)
+        self.nonfinite[0].add_((~finite).sum())
+        sq = torch.where(finite, norms, 0.0).square()
         group_norm = torch.zeros(self.num_bounds, device=self.device).index_add_(0, index, sq)
         group_norm = group_norm.sqrt()
         total = sq.sum().sqrt()
@@ -184,18 +222,16 @@ class AdaptiveGradClip:
         bound = torch.where(torch.isnan(slot), math.inf, torch.fmax(slot, floor))
         coef = (bound / (group_norm + NORM_EPS)).clamp(max=1.0)
         per_tensor = torch.where(finite, coef[index], 0.0)
-        # NaN * 0 is NaN: the non-finite elements themselves are replaced (and counted) too.
-        scale_finite_(grads, per_tensor, self.nonfinite[1:])
 
         engaged = group_norm > bound
         self.engaged.add_(engaged.to(torch.int64))
-        self.engagement.observe(engaged.float(), self._one, group_norm)
+        self.engagement.observe(engaged.float(), self._one, group_norm, impl="torch")
         position = (self._count % self.window).reshape(1, 1).expand(self.num_bounds, 1)
         self._history.scatter_(1, position, torch.minimum(group_norm, bound)[:, None])
         self._count.add_(1)
-        observation = abs_quantiles(list(self._history.unbind()), self.quantile)
-        slot.copy_(self.engagement.fold(self._ema, observation))
-        return total
+        observation = abs_quantiles(list(self._history.unbind()), self.quantile, impl="torch")
+        slot.copy_(self.engagement.fold(self._ema, observation, impl="torch"))
+        return per_tensor, total
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -225,6 +225,40 @@ def _ema_update_kernel(
 
 
 @triton.jit
+def _engagement_step(
+    tab, ENG: tl.constexpr, TAIL: tl.constexpr, c, ok, kf, nf, mx, take, p, z_threshold,
+    K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr,
+):  # fmt: skip
+    """``EngagementCorrection.observe`` of the lanes' consumers ``c`` (counts ``kf`` of ``nf``,
+    float64; max ``mx``; ``take``: which observe), the fraction's estimator at table entry 0
+    and its state at ``ENG``. Returns the new ``(rate, max)`` of the lanes."""
+    e_rate = tl.load(_ptr(tab, ENG + 0, tl.float32) + c, mask=ok, other=0.0)
+    e_max = tl.load(_ptr(tab, ENG + 1, tl.float32) + c, mask=ok, other=0.0)
+    e_z = tl.load(_ptr(tab, ENG + 2, tl.float32) + c, mask=ok, other=0.0)
+    e_k = tl.load(_ptr(tab, ENG + 3, tl.int64) + c, mask=ok, other=0)
+    e_n = tl.load(_ptr(tab, ENG + 4, tl.int64) + c, mask=ok, other=0)
+    frac = tl.where(take, kf / nf, float("nan")).to(tl.float32)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, c, ok, K, KP)
+    f, _ = _ema_step(
+        tab, 0, TAIL, c, ok, frac, take,
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
+        K, KP, META, TINY, DOF_MAX,
+    )  # fmt: skip
+    f = f.to(tl.float64)
+    z = (f - p) / tl.sqrt(p * (1.0 - p) / tl.maximum(nf, 1.0))
+    stale = take & (z > z_threshold)
+    rate = tl.where(take, tl.where(stale, (f - p) / f, 0.0).to(tl.float32), e_rate)
+    top = tl.where(take & (tl.abs(mx) < float("inf")), mx, e_max)  # NaN compares false
+    tl.store(_ptr(tab, ENG + 0, tl.float32) + c, rate, mask=ok)
+    tl.store(_ptr(tab, ENG + 1, tl.float32) + c, top, mask=ok)
+    tl.store(_ptr(tab, ENG + 2, tl.float32) + c, tl.where(take, z.to(tl.float32), e_z), mask=ok)
+    tl.store(_ptr(tab, ENG + 3, tl.int64) + c, e_k + tl.where(take, kf, 0.0).to(tl.int64), mask=ok)
+    tl.store(_ptr(tab, ENG + 4, tl.int64) + c, e_n + tl.where(take, nf, 0.0).to(tl.int64), mask=ok)
+    return rate, top
+
+
+@triton.jit
 def _engagement_kernel(
     tab, engaged, total, top, mask, k_stride, n_stride, top_stride, num_slots,
     p, z_threshold,
@@ -241,28 +275,9 @@ def _engagement_kernel(
     take = ok & (nf > 0)
     if HAS_MASK:
         take = take & (tl.load(mask + c, mask=ok, other=0) != 0)
-    e_rate = tl.load(_ptr(tab, ENG + 0, tl.float32) + c, mask=ok, other=0.0)
-    e_max = tl.load(_ptr(tab, ENG + 1, tl.float32) + c, mask=ok, other=0.0)
-    e_z = tl.load(_ptr(tab, ENG + 2, tl.float32) + c, mask=ok, other=0.0)
-    e_k = tl.load(_ptr(tab, ENG + 3, tl.int64) + c, mask=ok, other=0)
-    e_n = tl.load(_ptr(tab, ENG + 4, tl.int64) + c, mask=ok, other=0)
-    frac = tl.where(take, kf / nf, float("nan")).to(tl.float32)
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, c, ok, K, KP)
-    f, _ = _ema_step(
-        tab, 0, TAIL, c, ok, frac, take,
-        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
-        K, KP, META, TINY, DOF_MAX,
-    )  # fmt: skip
-    f = f.to(tl.float64)
-    z = (f - p) / tl.sqrt(p * (1.0 - p) / tl.maximum(nf, 1.0))
-    stale = take & (z > z_threshold)
-    rate = tl.where(stale, (f - p) / f, 0.0).to(tl.float32)
-    tl.store(_ptr(tab, ENG + 0, tl.float32) + c, tl.where(take, rate, e_rate), mask=ok)
-    finite = take & (tl.abs(mx) < float("inf"))  # NaN compares false
-    tl.store(_ptr(tab, ENG + 1, tl.float32) + c, tl.where(finite, mx, e_max), mask=ok)
-    tl.store(_ptr(tab, ENG + 2, tl.float32) + c, tl.where(take, z.to(tl.float32), e_z), mask=ok)
-    tl.store(_ptr(tab, ENG + 3, tl.int64) + c, e_k + tl.where(take, kf, 0.0).to(tl.int64), mask=ok)
-    tl.store(_ptr(tab, ENG + 4, tl.int64) + c, e_n + tl.where(take, nf, 0.0).to(tl.int64), mask=ok)
+    _engagement_step(
+        tab, ENG, TAIL, c, ok, kf, nf, mx, take, p, z_threshold, K, KP, META, TINY, DOF_MAX
+    )
 
 
 # --- launchers --------------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""The adaptive gradient clip's step after the per-tensor norms, as one single-program launch:
+group norms, the clip coefficients, the engagement test, the window of clipped norms and its
+exact quantile (a sort of the window), the engagement raise and the log-scale fold of the bound.
+
+The reference it must match is the torch body of :meth:`trimtab.AdaptiveGradClip.__call__`
+(``AdaptiveGradClip._step_reference``); the scaling itself is then one launch of
+:func:`trimtab.clamp.scale_finite_`. Before, this was ~40 small device operations per step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from trimtab.kernels.ema import (
+    EMA_WIDTH,
+    ENG_FIELDS,
+    _consts,
+    _ema_load,
+    _ema_step,
+    _ema_tensors,
+    _engagement_step,
+    _table,
+    _tail,
+)
+
+if TYPE_CHECKING:
+    from trimtab.clip import AdaptiveGradClip
+
+#: Largest window and tensor count one program sorts and reduces (powers of two); beyond, the
+#: clip runs its reference.
+MAX_WINDOW = 4096
+MAX_TENSORS = 4096
+
+
+@triton.jit
+def _clip_kernel(
+    tab, norms, index, num_tensors, slot, scale_out, total_out, nonfinite, engaged_count,
+    history, count, num_bounds, window, floor, eps, q, p, z_threshold,
+    ENG: tl.constexpr, BOUND: tl.constexpr, TAIL: tl.constexpr,
+    TP: tl.constexpr, GP: tl.constexpr, WP: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr,
+):  # fmt: skip
+    t = tl.arange(0, TP)
+    tm = t < num_tensors
+    nrm = tl.load(norms + t, mask=tm, other=0.0)
+    fin = tm & (tl.abs(nrm) < float("inf"))  # NaN compares false
+    tl.store(nonfinite, tl.load(nonfinite) + tl.sum((tm & ~fin).to(tl.int64), axis=0))
+    sq = tl.where(fin, nrm * nrm, 0.0)
+    idx = tl.load(index + t, mask=tm, other=0)
+    g = tl.arange(0, GP)
+    gm = g < num_bounds
+    member = (idx[None, :] == g[:, None]) & tm[None, :]
+    gn = tl.sqrt(tl.sum(tl.where(member, sq[None, :], 0.0), axis=1))
+    tl.store(total_out, tl.sqrt(tl.sum(sq, axis=0)))
+
+    # The bound in force: unset (NaN) clips nothing; else fmax(slot, floor).
+    sv = tl.load(slot + g, mask=gm, other=0.0)
+    b = tl.where(sv != sv, float("inf"), tl.maximum(sv, floor))
+    coef = tl.minimum(b / (gn + eps), 1.0)
+    per = tl.sum(tl.where(member, coef[:, None], 0.0), axis=0)
+    tl.store(scale_out + t, tl.where(fin, per, 0.0), mask=tm)
+    engaged = gm & (gn > b)
+    ec = tl.load(engaged_count + g, mask=gm, other=0)
+    tl.store(engaged_count + g, ec + engaged.to(tl.int64), mask=gm)
+    rate, top = _engagement_step(
+        tab, ENG, TAIL, g, gm, engaged.to(tl.float64), tl.full([GP], 1.0, tl.float64), gn, gm,
+        p, z_threshold, K, KP, META, TINY, DOF_MAX,
+    )  # fmt: skip
+
+    # The window of clipped norms, this step's entered in registers, stored, and its quantile:
+    # rank ceil(q n) (at least 1) of the n finite values, 0 when there is none.
+    cnt = tl.load(count)
+    pos = cnt % window
+    w = tl.arange(0, WP)
+    wm = gm[:, None] & (w[None, :] < window)
+    hp = history + g[:, None] * window + w[None, :]
+    row = tl.load(hp, mask=wm, other=float("nan"))
+    newest = tl.minimum(gn, b)
+    here = wm & (w[None, :] == pos)
+    row = tl.where(here, newest[:, None], row)
+    tl.store(hp, row, mask=here)
+    tl.store(count, cnt + 1)
+    a = tl.abs(row)
+    finite = wm & (a < float("inf"))
+    n = tl.sum(finite.to(tl.int32), axis=1)
+    k = tl.maximum(tl.ceil(n.to(tl.float64) * q).to(tl.int32), 1)
+    ordered = tl.sort(tl.where(finite, a, float("inf")), 1)
+    value = tl.sum(tl.where(w[None, :] == (k - 1)[:, None], ordered, 0.0), axis=1)
+    value = tl.where(n > 0, value, 0.0)
+
+    # Raised where the engagement test found the bound stale, folded on a log scale.
+    gap = top - value
+    gap = tl.where(gap < 0.0, 0.0, gap)
+    gap = tl.where(gap == gap, gap, 0.0)
+    gap = tl.where(gap == float("inf"), 3.4028234663852886e38, gap)
+    y = tl.log(value + rate * gap)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, BOUND, g, gm, K, KP)
+    est, _ = _ema_step(
+        tab, BOUND, TAIL, g, gm, y, gm & (y > -float("inf")),
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
+        K, KP, META, TINY, DOF_MAX,
+    )  # fmt: skip
+    tl.store(slot + g, tl.exp(est), mask=gm)
+
+
+def fits(clip: AdaptiveGradClip, num_tensors: int) -> bool:
+    """Whether one program can run ``clip``'s step (float32 state, window and tensors bounded)."""
+    return clip.window <= MAX_WINDOW and 0 < num_tensors <= MAX_TENSORS
+
+
+def clip_step_triton(
+    clip: AdaptiveGradClip,
+    norms: torch.Tensor,
+    index: torch.Tensor,
+    scale_out: torch.Tensor,
+    total_out: torch.Tensor,
+) -> None:
+    """One launch of the clip's step (see the module docstring): writes the per-tensor scale
+    into ``scale_out`` and the total norm into ``total_out``; updates the clip's state."""
+    from trimtab.clip import CLIP_BOUND_FLOOR, NORM_EPS
+
+    eng, frac, bema = clip.engagement, clip.engagement._fraction, clip._ema
+    tensors = [*_ema_tensors(frac), *(getattr(eng, f) for f in ENG_FIELDS),
+               *_ema_tensors(bema), *_tail(bema)]  # fmt: skip
+    table = _table(clip, tensors)
+    t, g = norms.numel(), clip.num_bounds
+    _clip_kernel[(1,)](
+        table, norms, index, t, clip.bound, scale_out, total_out, clip.nonfinite,
+        clip.engaged, clip._history, clip._count, g, clip.window,
+        CLIP_BOUND_FLOOR, NORM_EPS, clip.quantile, eng.expected_rate, eng.z_threshold,
+        ENG=EMA_WIDTH, BOUND=EMA_WIDTH + len(ENG_FIELDS), TAIL=2 * EMA_WIDTH + len(ENG_FIELDS),
+        TP=max(2, triton.next_power_of_2(t)), GP=max(2, triton.next_power_of_2(g)),
+        WP=max(2, triton.next_power_of_2(clip.window)), **_consts(bema), num_warps=4,
+    )  # fmt: skip
