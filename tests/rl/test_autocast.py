@@ -64,7 +64,7 @@ def test_cli_flag_sets_run_autocast(value):
 
 @pytest.mark.parametrize("autocast", ["none", "bf16", "fp16"])
 def test_forwards_run_in_the_configured_precision(autocast):
-    """The trunk's output (a Linear, LayerNorm, ReLU stack) is in the low precision in every
+    """On CPU the trunk's output (Linear, LayerNorm, ReLU) is in the low precision in every
     forward: the training, next-state and target forwards of a step, and acting; weights,
     gradients, the loss and the stability state stay float32."""
     stab, agent = wired_agent(tiny(Path("unused"), autocast=autocast, stability="off"))
