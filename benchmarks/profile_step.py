@@ -85,10 +85,40 @@ def profile(mode: str, device: torch.device) -> dict:
     }
 
 
+def host_profile(mode: str, device: torch.device, steps: int = 60, top: int = 25) -> list:
+    """cProfile of ``steps`` gradient steps (launches are asynchronous on CUDA, so this is the
+    host's cost): the ``top`` functions by own time, as ``[file:function, calls, ms/step]``."""
+    import cProfile
+    import pstats
+
+    cfg = TrainConfig()
+    cfg = replace(cfg, run=replace(cfg.run, stability=mode))
+    env, agent, _, replay = bench_trainer.build(cfg, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    bench_trainer.collect(env, agent, replay, env.reset(), 64)
+    for _ in range(10):
+        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    bench_trainer._sync(device)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    prof.disable()
+    bench_trainer._sync(device)
+    stats = pstats.Stats(prof).stats
+    rows = []
+    for (file, _, func), (_, calls, tottime, _, _) in stats.items():
+        short = file.split("site-packages/")[-1].split("src/")[-1]
+        rows.append([f"{short}:{func}", calls // steps, 1e3 * tottime / steps])
+    rows.sort(key=lambda r: -r[2])
+    return rows[:top]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--host", action="store_true", help="also cProfile the host's time")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(TrainConfig().run.threads)
@@ -104,6 +134,12 @@ def main(argv: list[str] | None = None) -> dict:
     for k, v in rows["adaptive"]["triton_by_site"].items():
         print(f"{v:6d}  {k}")
     result = {"benchmark": "profile_step", **provenance(device), "modes": rows}
+    if args.host:
+        result["host"] = {m: host_profile(m, device) for m in ("off", "adaptive")}
+        for m, top in result["host"].items():
+            print(f"\nhost time per step, {m} (own time, top functions):")
+            for name, calls, ms in top:
+                print(f"{ms:8.3f} ms {calls:5d} calls  {name}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
