@@ -20,6 +20,7 @@ REL_2_15 = 2.0**-15
 # Tunables scaled down so that tensors of tens of elements are sampled, bracketed, compacted
 # into several pools and read by many programs with full and tail blocks, on every path.
 SMALL_PLAN = {
+    "SMALL_MAX": 0,  # no one-launch path: the multi-pass paths themselves are under test
     "DIRECT_MAX": 40,
     "SAMPLE_STRIDE": 4,
     "SAMPLE_RUN": 4,
@@ -354,3 +355,20 @@ def test_gpu_batch_sync_free_and_graph_capturable():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, 2 * want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_one_launch_small_path_matches_the_multi_pass_one(dtype, kernel_device, monkeypatch):
+    """Tensors up to SMALL_MAX take the one-launch select; the per-pass launches (SMALL_MAX = 0)
+    give the very same values and counts, NaN/Inf/empty included."""
+    from trimtab.kernels import quantile as kq
+
+    xs = _inputs("normal", dtype, kernel_device, sprinkle=True, seed=7)
+    assert max(x.numel() for x in xs) <= kq.SMALL_MAX
+    for q in QS:
+        small = trimtab.abs_quantiles(xs, q, impl="triton", return_nonfinite=True)
+        monkeypatch.setattr(kq, "SMALL_MAX", 0)
+        multi = trimtab.abs_quantiles(xs, q, impl="triton", return_nonfinite=True)
+        monkeypatch.undo()
+        assert small.value.tolist() == multi.value.tolist(), q
+        assert small.nonfinite.tolist() == multi.nonfinite.tolist(), q

@@ -89,6 +89,11 @@ Z = 5.0  # bracket half-width in standard deviations of the sample rank (miss ~ 
 CAP_MULT = 4.0  # buffer capacity: this many times the expected count between the sample ranks
 CAP_ADD = 4096  # ... plus this many elements (room for the bins' own width)
 DIRECT_MAX = 1 << 15  # tensors up to this size skip the sample: radix select over them
+# Calls whose every tensor has at most this many elements run the whole select in one launch,
+# one program per tensor (``small_kernel``): the trainer's clamps measure a few thousand
+# elements a step, where a launch per pass costs more host time than the passes take.
+SMALL_MAX = 1 << 14
+SMALL_BLOCK = 2048
 FUSED = True  # selects run in the last program of each pass (False: separate launches)
 
 LOW_BITS = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}
@@ -192,8 +197,30 @@ def abs_quantiles_triton(
     float32, float16, bfloat16 (the public entry arranges that). The values are exact, so
     ``exact`` changes nothing (it is kept for the signature).
     """
+    if max(t.numel() for t in tensors) <= SMALL_MAX:
+        return _run_small(tensors, q)
     out, ws = run(tensors, q)
     return out, ws[:, qp.S_NONFINITE.value]
+
+
+def _q_bits(q: float) -> int:
+    """float64 bits of q (at least 1e-300: same k, and the bits stay a 64-bit kernel argument)."""
+    return struct.unpack("<q", struct.pack("<d", max(float(q), 1e-300)))[0]
+
+
+def _run_small(tensors: Sequence[torch.Tensor], q: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch, one program per tensor (``qp.small_kernel``): ``(values, nonfinite)``."""
+    dtype, device, num = tensors[0].dtype, tensors[0].device, len(tensors)
+    table = pointer_table(tensors, SMALL_BLOCK)
+    out = torch.empty(num, dtype=torch.float32, device=device)
+    nonfinite = torch.empty(num, dtype=torch.int64, device=device)
+    low = LOW_BITS[dtype]
+    qp.small_kernel[(num,)](
+        table.ptrs, table.numels, out, nonfinite, _q_bits(q),
+        DTYPE=DTYPE_CODES[dtype], LOW=low, PASSES=-(-(31 - low) // 8), BLOCK=SMALL_BLOCK,
+        num_warps=8,
+    )  # fmt: skip
+    return out, nonfinite
 
 
 def paths(ws: torch.Tensor) -> list[str]:
@@ -213,8 +240,7 @@ def run(tensors: Sequence[torch.Tensor], q: float) -> tuple[torch.Tensor, torch.
     buf = torch.empty(max(1, plan.buf_size), dtype=torch.int32, device=device)
     out = torch.empty(num, dtype=torch.float32, device=device)
     aligned = all(t.data_ptr() % 16 == 0 for t in tensors)
-    # float64 bits of q (at least 1e-300: same k, and the bits stay a 64-bit kernel argument)
-    q_bits = struct.unpack("<q", struct.pack("<d", max(float(q), 1e-300)))[0]
+    q_bits = _q_bits(q)
     code, low = DTYPE_CODES[dtype], LOW_BITS[dtype]
     meta = plan.meta
 

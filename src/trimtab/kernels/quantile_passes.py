@@ -484,3 +484,47 @@ def select_kernel(
             active = active | (mode == FULL)
         if active:
             _select_radix(w, mrow, out + t, q_bits, PASS, LOW)
+
+
+# --- small tensors: the whole select in one program per tensor --------------------------------
+
+
+@triton.jit
+def small_kernel(
+    ptrs, numels, out, nonfinite, q_bits,
+    DTYPE: tl.constexpr, LOW: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The MSB radix select of ``radix_kernel`` and ``_select_radix``, every pass over tensor
+    ``program_id`` in one program (its histograms in registers, its selects in between): one
+    launch for tensors small enough that reading them ``PASSES`` times from one program is
+    cheaper than a launch per pass."""
+    t = tl.program_id(0)
+    n = tl.load(numels + t).to(tl.int32)
+    addr = tl.load(ptrs + t)
+    idx = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
+    shift = tl.full([], 31 - LOW, tl.int32)
+    prefix = tl.zeros([], tl.int32)
+    rank = tl.zeros([], tl.int64)
+    n_finite = tl.zeros([], tl.int64)
+    for p in tl.static_range(PASSES):
+        nshift = tl.maximum(shift - 8, 0)
+        acc = tl.zeros([256], tl.int32)
+        for i in range(0, n, BLOCK):
+            mask = i + idx < n
+            bits = _abs_bits(addr, 0, i + idx, mask, DTYPE, False)
+            acc = _digit_hist(acc, bits, mask, 0, shift, nshift, prefix, LOW)
+        h = acc.to(tl.int64)
+        if p == 0:  # the first digit is the exponent: its bin 255 counts Inf and NaN
+            nonf = tl.sum(tl.where(bins == 255, h, 0), axis=0)
+            h = tl.where(bins == 255, 0, h)
+            n_finite = n.to(tl.int64) - nonf
+            rank = _rank(n_finite, q_bits)
+            tl.store(nonfinite + t, nonf)
+        cum = tl.cumsum(h, axis=0)
+        digit = tl.sum((cum < rank).to(tl.int64), axis=0)
+        rank -= tl.sum(tl.where(bins < digit, h, 0), axis=0)
+        prefix = (prefix << (shift - nshift)) | digit.to(tl.int32)
+        shift = nshift
+    value = (prefix << LOW).to(tl.float32, bitcast=True)
+    tl.store(out + t, tl.where(n_finite == 0, 0.0, value))
