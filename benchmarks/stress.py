@@ -29,7 +29,7 @@ import torch
 
 from trimtab.benchmarking import provenance
 from trimtab.rl.config import TrainConfig
-from trimtab.rl.configio import from_dict
+from trimtab.rl.configio import apply_overrides, from_dict
 from trimtab.rl.train import TrainingHalted, train
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "stress.json"
@@ -46,6 +46,7 @@ def cell(
     quick: bool,
     scale: float = 1.0,
     autocast: str = "none",
+    overrides: tuple[str, ...] = (),
 ) -> dict:
     base: dict[str, Any] = {
         "run": {"seed": seed, "stability": mode, "device": device, "progress": False,
@@ -58,6 +59,7 @@ def cell(
         base["data"]["synthetic_days"] = 400
         base["walkforward"].update(folds=2, learning_starts=4)
         base["agent"] = {"hidden": 16, "batch_size": 16, "n_tau": 2, "n_tau_target": 2}
+    base = apply_overrides(base, overrides)
     with tempfile.TemporaryDirectory() as tmp:
         base["run"]["out"] = str(Path(tmp) / "run")
         cfg = from_dict(TrainConfig, base)
@@ -76,6 +78,7 @@ def cell(
         "market": "stress" if stress else "default",
         "reward_scale": scale,
         "autocast": autocast,
+        "overrides": list(overrides),
         "steps_per_fold": cfg.walkforward.steps_per_fold,
         "folds_total": cfg.walkforward.folds,
         "folds_finite": sum(1 for f in folds if f["nonfinite"] == 0),
@@ -98,9 +101,14 @@ def table(rows: list[dict]) -> str:
         "| mean OOS Sharpe | mean B&H Sharpe | ms/step |",
         "|---|---|---|---:|---|---:|---:|---:|",
     ]
-    for market, precision, mode in itertools.product(("default", "stress"), AUTOCAST, MODES):
+    variants = sorted({" ".join(r.get("overrides", [])) for r in rows})
+    groups = itertools.product(("default", "stress"), variants, AUTOCAST, MODES)
+    for market, variant, precision, mode in groups:
         cells = [r for r in rows if r["market"] == market and r["stability"] == mode
-                 and r.get("autocast", "none") == precision]  # fmt: skip
+                 and r.get("autocast", "none") == precision
+                 and " ".join(r.get("overrides", [])) == variant]  # fmt: skip
+        if variant:
+            market = f"{market} ({variant})"
         if cells:
             ok = sum(r["folds_finite"] == r["folds_total"] and not r["halted"] for r in cells)
             fires = sorted({r["first_fire"] for r in cells if r["first_fire"]}) or ["-"]
@@ -145,6 +153,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--seed-list", nargs="*", type=int, default=None, help="run these seeds (one shard)"
     )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="override one config value in every cell, e.g. --set agent.trunk=mlp (repeatable)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     seeds = 1 if args.quick else args.seeds
@@ -156,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
             for seed in seed_list:
                 rows.append(
                     cell(seed, mode, stress, steps, args.device, args.quick, args.reward_scale,
-                         args.autocast)
+                         args.autocast, tuple(args.overrides))
                 )  # fmt: skip
                 r = rows[-1]
                 print(f"{r['market']:8s} {args.autocast:4s} {mode:9s} seed {seed}: finite folds "

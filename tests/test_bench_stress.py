@@ -40,3 +40,15 @@ def test_stress_autocast_is_recorded_and_old_files_merge(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| stress | fp16 | off | " in table
     assert "| stress | none | off | 1/1 | - | +0.00 | +0.15 | 9.0 |" in table
+
+
+def test_stress_set_overrides_every_cell_and_is_tabulated(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("stress", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "stress.json"
+    bench.main(["--quick", "--device", "cpu", "--markets", "stress", "--modes", "off",
+                "--set", "agent.trunk=\"mlp\"", "--out", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["overrides"] == ['agent.trunk="mlp"']
+    assert '| stress (agent.trunk="mlp") | none | off | ' in capsys.readouterr().out
