@@ -160,3 +160,19 @@ def test_other_stability_modes_run(tmp_path, mode):
         replace(tiny(tmp_path / mode), run=replace(tiny(tmp_path / mode).run, stability=mode))
     )
     assert summary["stability"] == mode and len(summary["folds"]) == 2
+
+
+def test_a_plot_of_all_nan_columns_is_written_without_warnings(tmp_path):
+    """A run that halts before its first finite metric: the plot is written, no NaN warning."""
+    import warnings
+
+    import numpy as np
+
+    from trimtab.rl import report
+
+    prefix = next(p for p, spec in report._PREFIXES.items() if spec[3])  # a log-scale plot
+    metrics = {"step": np.arange(3.0), f"{prefix}a": np.full(3, np.nan)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = report._plot_prefix(metrics, prefix, tmp_path)
+    assert path is not None and path.is_file()

@@ -91,22 +91,28 @@ def _plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> 
         return None
     fig, ax = plt.subplots(figsize=(10, 4))
     step = metrics["step"]
+    plotted = False
     for c in cols:
         y = metrics[c].astype(float)
         ok = np.isfinite(y)
         if ok.any():
             ax.plot(step[ok], y[ok], label=c[len(prefix) :], lw=1.0)
+            plotted = True
     if "fold" in metrics:
         fold = metrics["fold"]
         for b in step[1:][np.diff(fold) != 0]:
             ax.axvline(b, color="k", lw=0.6, ls="--", alpha=0.5)
-    if log and any(np.nanmin(np.where(metrics[c] > 0, metrics[c], np.nan)) > 0 for c in cols):
+    # log scale when some column has a positive value (np.nanmin of an all-NaN column warns)
+    if log and any((metrics[c].astype(float) > 0).any() for c in cols):
         ax.set_yscale("log")
     ax.set_title(title + " (dashed: fold boundaries)")
     ax.set_xlabel("gradient step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    if plotted:
+        ax.legend(fontsize=8, ncol=2)
+    else:  # a run that halted before its first finite value
+        ax.text(0.5, 0.5, "no finite value logged", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     path = out_dir / fname
     fig.savefig(path, dpi=110)
