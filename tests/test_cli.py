@@ -28,3 +28,11 @@ def test_import_does_not_import_triton():
     code = "import sys, trimtab; trimtab.StateVector; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_python_dash_m_runs_the_same_command_line():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "trimtab", "info"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("trimtab "), out.stderr
