@@ -23,6 +23,7 @@ from trimtab.kernels.ema import (
     _ema_step,
     _ema_tensors,
     _engagement_step,
+    _raise_toward,
     _table,
     _tail,
 )
@@ -94,11 +95,7 @@ def _clip_kernel(
     value = tl.where(n > 0, value, 0.0)
 
     # Raised where the engagement test found the bound stale, folded on a log scale.
-    gap = top - value
-    gap = tl.where(gap < 0.0, 0.0, gap)
-    gap = tl.where(gap == gap, gap, 0.0)
-    gap = tl.where(gap == float("inf"), 3.4028234663852886e38, gap)
-    y = tl.log(value + rate * gap)
+    y = tl.log(_raise_toward(value, rate, top))
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, BOUND, g, gm, K, KP)
     est, _ = _ema_step(
         tab, BOUND, TAIL, g, gm, y, gm & (y > -float("inf")),

@@ -202,12 +202,9 @@ def _ema_update_kernel(
     slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = slot < num_slots
     y = tl.load(obs + slot, mask=ok, other=0.0)
-    if CORRECT:  # y + rate * nan_to_num(clamp(max - y, min=0), 0)
-        gap = tl.load(top + slot, mask=ok, other=0.0) - y
-        gap = tl.where(gap < 0.0, 0.0, gap)
-        gap = tl.where(gap == gap, gap, 0.0)
-        gap = tl.where(gap == float("inf"), 3.4028234663852886e38, gap)
-        y = y + tl.load(rate + slot, mask=ok, other=0.0) * gap
+    if CORRECT:
+        r = tl.load(rate + slot, mask=ok, other=0.0)
+        y = _raise_toward(y, r, tl.load(top + slot, mask=ok, other=0.0))
     chosen = ok
     if HAS_MASK:
         chosen = chosen & (tl.load(mask + slot, mask=ok, other=0) != 0)
@@ -222,6 +219,17 @@ def _ema_update_kernel(
     )  # fmt: skip
     if LOG:
         tl.store(out + slot, tl.exp(est), mask=ok)
+
+
+@triton.jit
+def _raise_toward(bound, rate, top):
+    """``EngagementCorrection.correct``: ``bound + rate * nan_to_num(clamp(top - bound, min=0))``
+    (a stale bound raised toward the observed max; unchanged where rate is 0 or top unknown)."""
+    gap = top - bound
+    gap = tl.where(gap < 0.0, 0.0, gap)
+    gap = tl.where(gap == gap, gap, 0.0)
+    gap = tl.where(gap == float("inf"), 3.4028234663852886e38, gap)
+    return bound + rate * gap
 
 
 @triton.jit

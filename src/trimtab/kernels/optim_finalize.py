@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from trimtab.kernels._table import PointerTable
-from trimtab.kernels.ema import _ema_load, _ema_step, _ptr
+from trimtab.kernels.ema import _ema_load, _ema_step, _ptr, _raise_toward
 from trimtab.kernels.optim import (
     BINS,
     COARSE_SHIFT,
@@ -243,10 +243,7 @@ def _finalize_kernel(
         tl.store(_ptr(tab, ENG_BASE + 2, tl.float32) + g, e_z, mask=eng)
         tl.store(_ptr(tab, ENG_BASE + 3, tl.int64) + g, e_k, mask=eng)
         tl.store(_ptr(tab, ENG_BASE + 4, tl.int64) + g, e_n, mask=eng)
-        gap = e_max - q
-        gap = tl.where(gap < 0.0, 0.0, gap)
-        gap = tl.where(gap == gap, gap, 0.0)
-        bound_obs = q + e_rate * gap
+        bound_obs = _raise_toward(q, e_rate, e_max)
         # Decay: the rate that holds ||w|| in equilibrium, net of L1's own shrink.
         l1_coef = tl.where(l1_slot > 0.0, l1_slot, 0.0)
         ww = tl.where(s_ww < NORM_EPS, NORM_EPS, s_ww)

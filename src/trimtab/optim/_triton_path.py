@@ -20,6 +20,7 @@ class TritonPath:
 
     def _init_kernel_state(self, num_groups: int) -> None:
         from trimtab.kernels import optim as kern
+        from trimtab.kernels.ema import dof_tables
 
         dev = self.device
         # Scalar partials, REPLICAS rows per group (see kernels/optim.py): no atomic contention.
@@ -38,10 +39,8 @@ class TritonPath:
         self._finalize_impl = "triton"  # "torch": the reference finalize, for tests
         # The AdaptiveEMA's dof-dependent thresholds, computed by estimate.py itself (float32,
         # as its update computes them), so the kernel reads the very same numbers.
-        self._dof_max = int(torch.tensor((2.0 - estimate.META_RATE) / estimate.META_RATE).item())
-        dof = torch.arange(1, self._dof_max + 1, dtype=torch.float32, device=dev)
-        c = estimate._t_threshold(estimate.OUTLIER_Z, dof)
-        self._dof_tables = (c, estimate._clipped_second_moment(c))
+        self._dof_max, *dof = dof_tables(torch.device(dev))
+        self._dof_tables = tuple(dof)
         ema, frac, eng = self._ema._t, self.engagement._fraction._t, self.engagement
         tensors = [
             *(ema[n] for n in kern.EMA_FIELDS + kern.EMA_BANK),
