@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from trimtab._impl import resolve_impl
-from trimtab.estimate import AdaptiveEMA
+from trimtab.estimate import AdaptiveEMA, check_mask
 from trimtab.lifecycle import register
 
 __all__ = ["FALSE_ALARM_PROB", "EngagementCorrection", "normal_upper_quantile"]
@@ -159,15 +159,6 @@ class EngagementCorrection:
             )
         return value.to(dtype).reshape(-1).expand(self.num_consumers)
 
-    def _check_mask(self, mask: torch.Tensor) -> None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
-        if tuple(mask.shape) != (self.num_consumers,) or mask.device != self.device:
-            raise ValueError(
-                f"mask must have shape ({self.num_consumers},) on {self.device}, "
-                f"got {tuple(mask.shape)} on {mask.device}"
-            )
-
     @torch.no_grad()
     def observe(
         self,
@@ -188,7 +179,7 @@ class EngagementCorrection:
         inputs = (engaged, total, observed_max)
         tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
         if mask is not None:
-            self._check_mask(mask)
+            check_mask(mask, self.num_consumers, self.device)
         chosen = resolve_impl(impl, tensors) if len(tensors) == 3 else "torch"
         if impl == "triton" and chosen != "triton":
             raise ValueError("impl='triton' needs engaged, total and observed_max as tensors")
@@ -207,7 +198,7 @@ class EngagementCorrection:
         p = self.expected_rate
         # 0/0 -> NaN, which the EMA ignores (consumers that saw nothing keep their estimate).
         frac = torch.where(take, k / n, torch.full_like(n, math.nan)).float()
-        f = self._fraction.update(frac, take).double()
+        f = self._fraction._update_reference(frac, take).double()
         z = (f - p) / torch.sqrt(p * (1.0 - p) / n.clamp(min=1.0))
         stale = take & (z > self.z_threshold)
         rate = torch.where(stale, (f - p) / f, torch.zeros_like(f)).float()
@@ -244,7 +235,7 @@ class EngagementCorrection:
             from trimtab.kernels.ema import ema_update_triton
 
             return ema_update_triton(ema, bound, mask, log=True, correction=self)
-        return ema.update_log(self.correct(bound), mask, impl="torch")
+        return ema._update_log_reference(self.correct(bound), mask)
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

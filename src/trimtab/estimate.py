@@ -91,6 +91,16 @@ _SLOT_STATE = ("mean", "r", "prev_obs", "prev_z", "alpha")
 _BANK_STATE = ("level", "slope", "p_ll", "p_ls", "p_ss", "score")
 
 
+def check_mask(mask: torch.Tensor, num: int, device: torch.device) -> None:
+    """A selection mask of ``num`` slots: a bool tensor of shape ``(num,)`` on ``device``."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
+    if tuple(mask.shape) != (num,) or mask.device != device:
+        raise ValueError(
+            f"mask must have shape ({num},) on {device}, got {tuple(mask.shape)} on {mask.device}"
+        )
+
+
 class AdaptiveEMA:
     r"""Per-slot adaptive EMA: ``m_t = m_(t-1) + α_t (y_t - m_(t-1))``, α_t from the signal.
 
@@ -261,9 +271,13 @@ class AdaptiveEMA:
             from trimtab.kernels.ema import ema_update_triton
 
             return ema_update_triton(self, obs, mask, log=True)
+        return self._update_log_reference(obs, mask)
+
+    def _update_log_reference(self, obs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`update_log` in torch, on validated arguments."""
         y = obs.log()
         keep = y > -math.inf
-        return self.update(y, keep if mask is None else mask & keep, impl="torch").exp()
+        return self._update_reference(y, keep if mask is None else mask & keep).exp()
 
     def _check(self, obs: torch.Tensor, mask: torch.Tensor | None) -> None:
         if not isinstance(obs, torch.Tensor):
@@ -284,13 +298,7 @@ class AdaptiveEMA:
                 "move one of them (copying here would hide a host round trip)"
             )
         if mask is not None:
-            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-                raise TypeError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
-            if tuple(mask.shape) != (self.num_slots,) or mask.device != self.device:
-                raise ValueError(
-                    f"mask must have shape ({self.num_slots},) on {self.device}, "
-                    f"got {tuple(mask.shape)} on {mask.device}"
-                )
+            check_mask(mask, self.num_slots, self.device)
 
     def _impl(self, impl: str | None, obs: torch.Tensor) -> str:
         chosen = resolve_impl(impl, [obs])
@@ -317,6 +325,11 @@ class AdaptiveEMA:
             from trimtab.kernels.ema import ema_update_triton
 
             return ema_update_triton(self, obs, mask, log=False)
+        return self._update_reference(obs, mask)
+
+    @torch.no_grad()
+    def _update_reference(self, obs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`update` in torch, on validated arguments (the kernel's oracle)."""
         s = self._t
         # No branch on values anywhere below: every case is a torch.where, so nothing syncs.
         y = obs.to(self.dtype)

@@ -407,7 +407,8 @@ class Adam(TritonPath, torch.optim.Optimizer):
             -s[:, ref.SUM_WU] + 0.5 * lr * s[:, ref.SUM_UU] - l1_coef * s[:, ref.SUM_L1_W]
         ) / s[:, ref.SUM_WW].clamp(min=NORM_EPS)
         l1_obs = s[:, ref.DEFICIT] * s[:, ref.SUM_ABS_U] / count  # 0/0 -> NaN: ignored
-        self.engagement.observe(s[:, ref.ENGAGED], count, s[:, ref.MAX_W], mask=clamp)
+        # the reference fold: torch throughout (the finalize kernel is what runs on the GPU)
+        self.engagement.observe(s[:, ref.ENGAGED], count, s[:, ref.MAX_W], mask=clamp, impl="torch")
         bound_obs = self.engagement.correct(s[:, ref.Q_W])
         growth_obs = (s[:, ref.SUM_GG] / s[:, ref.SUM_VHAT]).log()  # 0/0, log 0: ignored
         obs = torch.stack(
@@ -425,7 +426,8 @@ class Adam(TritonPath, torch.optim.Optimizer):
         runaway = self._slot("grad_growth") > 0.0
         mask = mask & ~(log_kind[:, None] & (obs == -math.inf))
         z = self.engagement.z_threshold
-        est = self._ema.update(obs.reshape(-1), mask.reshape(-1)).view(len(SLOT_NAMES), -1)
+        est = self._ema.update(obs.reshape(-1), mask.reshape(-1), impl="torch")
+        est = est.view(len(SLOT_NAMES), -1)
         se = self._ema.std_error.view(len(SLOT_NAMES), -1)
         value = torch.where(log_kind[:, None], est.exp(), est)
         # Decay acts on the lower confidence bound of the outward push, and never removes more
