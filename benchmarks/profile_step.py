@@ -12,6 +12,7 @@ import collections
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,14 +54,16 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def profile(mode: str, device: torch.device) -> dict:
+def _warm(mode: str, device: torch.device) -> Callable[[], None]:
+    """One gradient step of the default config in ``mode``, warmed up as bench_trainer does."""
     cfg = TrainConfig()
-    cfg = replace(cfg, run=replace(cfg.run, stability=mode))
-    env, agent, _, replay = bench_trainer.build(cfg, device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    bench_trainer.collect(env, agent, replay, env.reset(), 64)
-    for _ in range(5):
-        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    m = bench_trainer.prepare(replace(cfg, run=replace(cfg.run, stability=mode)), device)
+    agent, replay, gen = m["agent"], m["replay"], m["gen"]
+    return lambda: agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+
+
+def profile(mode: str, device: torch.device) -> dict:
+    step = _warm(mode, device)
     aten: collections.Counter = collections.Counter()
     trit: collections.Counter = collections.Counter()
     import triton.runtime.jit as tjit
@@ -74,7 +77,7 @@ def profile(mode: str, device: torch.device) -> dict:
     tjit.JITFunction.run = counted
     try:
         with _Count(aten):
-            agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+            step()
     finally:
         tjit.JITFunction.run = run
     return {
@@ -91,18 +94,12 @@ def host_profile(mode: str, device: torch.device, steps: int = 60, top: int = 25
     import cProfile
     import pstats
 
-    cfg = TrainConfig()
-    cfg = replace(cfg, run=replace(cfg.run, stability=mode))
-    env, agent, _, replay = bench_trainer.build(cfg, device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    bench_trainer.collect(env, agent, replay, env.reset(), 64)
-    for _ in range(10):
-        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    step = _warm(mode, device)
     bench_trainer._sync(device)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
-        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+        step()
     prof.disable()
     bench_trainer._sync(device)
     stats = pstats.Stats(prof).stats
