@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import torch
+
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.configio import from_dict
+
+#: A training run of a few seconds: one fold of a short market, a tiny net.
+TINY = {
+    "run": {"progress": False, "checkpoint_every": 1000, "log_every": 4},
+    "data": {"synthetic_days": 300},
+    "env": {"n_envs": 4, "episode_days": 16},
+    "walkforward": {"folds": 1, "steps_per_fold": 12, "learning_starts": 3},
+    "agent": {"batch_size": 16, "hidden": 16, "n_atoms": 11, "n_tau": 4, "n_tau_target": 4,
+              "iqn_embed": 8, "replay_capacity": 1000, "target_update_period": 5},
+}  # fmt: skip
+
+
+def tiny(out: Path, steps_per_fold: int = 12, **run: object) -> TrainConfig:
+    """:data:`TINY` writing to ``out``, ``steps_per_fold`` gradient steps, ``run`` overrides."""
+    data = copy.deepcopy(TINY)
+    data["run"].update(out=str(out), **run)
+    data["walkforward"]["steps_per_fold"] = steps_per_fold
+    return from_dict(TrainConfig, data)
 
 
 def wired_agent(cfg, obs_dim: int = 5, branches: int = 2):

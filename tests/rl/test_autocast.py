@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from rl_helpers import random_batch, wired_agent
+from rl_helpers import tiny as rl_tiny
 
 from trimtab.rl.agent import DQNAgent
 from trimtab.rl.cli_train import add_commands, build_config
@@ -18,19 +19,12 @@ from trimtab.rl.config import RunConfig, TrainConfig
 from trimtab.rl.configio import ConfigError, from_dict
 from trimtab.rl.train import TrainingHalted, train
 
-TINY = {
-    "run": {"progress": False, "checkpoint_every": 1000, "log_every": 4},
-    "data": {"synthetic_days": 300},
-    "env": {"n_envs": 4, "episode_days": 16},
-    "walkforward": {"folds": 1, "steps_per_fold": 16, "learning_starts": 3},
-    "agent": {"batch_size": 16, "hidden": 16, "n_atoms": 11, "n_tau": 4, "n_tau_target": 4,
-              "iqn_embed": 8, "replay_capacity": 1000, "target_update_period": 5},
-}  # fmt: skip
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+STEPS = 16  # gradient steps of the short runs
 
 
 def tiny(out: Path, **run: object) -> TrainConfig:
-    return from_dict(TrainConfig, {**TINY, "run": {**TINY["run"], "out": str(out), **run}})
+    return rl_tiny(out, steps_per_fold=STEPS, **run)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +83,7 @@ def test_short_run_completes_with_finite_weights(tmp_path, autocast):
     out = tmp_path / "run"
     summary = train(tiny(out, autocast=autocast))
     assert summary["halted"] is None and summary["folds"][0]["nonfinite"] == 0
-    assert summary["folds"][0]["steps"] == TINY["walkforward"]["steps_per_fold"]
+    assert summary["folds"][0]["steps"] == STEPS
     state = torch.load(out / "checkpoints/last.pt", weights_only=False)["state"]
     online = state["agent"]["online"]
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in online.values())

@@ -12,24 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import random_batch, wired_agent
+from rl_helpers import random_batch, tiny, wired_agent
 
-from trimtab.rl.config import TrainConfig
-from trimtab.rl.configio import from_dict
 from trimtab.rl.train import TrainingHalted, train
-
-TINY = {
-    "run": {"progress": False, "checkpoint_every": 1000, "log_every": 4},
-    "data": {"synthetic_days": 300},
-    "env": {"n_envs": 4, "episode_days": 16},
-    "walkforward": {"folds": 1, "steps_per_fold": 12, "learning_starts": 3},
-    "agent": {"batch_size": 16, "hidden": 16, "n_atoms": 11, "n_tau": 4, "n_tau_target": 4,
-              "iqn_embed": 8, "replay_capacity": 1000, "target_update_period": 5},
-}  # fmt: skip
-
-
-def tiny(out: Path, **run: object) -> TrainConfig:
-    return from_dict(TrainConfig, {**TINY, "run": {**TINY["run"], "out": str(out), **run}})
 
 
 def _slots(tmp_path: Path) -> list[dict]:
