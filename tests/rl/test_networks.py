@@ -68,15 +68,15 @@ def test_dueling_shares_value_across_branches():
     torch.testing.assert_close(per_branch_mean[:, 0], per_branch_mean[:, 2])
 
 
-def test_trunk_hook_is_applied_after_the_trunk():
-    net = _net([3, 3])
+def test_trunk_out_module_is_applied_after_the_trunk():
     seen = []
 
-    def hook(h):
-        seen.append(h.shape)
-        return torch.zeros_like(h)
+    class Zero(torch.nn.Module):
+        def forward(self, h):
+            seen.append(h.shape)
+            return torch.zeros_like(h)
 
-    net.trunk_hook = hook
+    net = BranchingQNetwork(5, [3, 3], hidden=16, depth=2, n_atoms=7, iqn_embed=8, trunk_out=Zero())
     out = net(torch.randn(4, 5))
     assert seen == [torch.Size([4, 16])]
     assert (out.trunk == 0).all()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -17,38 +17,9 @@ from trimtab.rl.losses import atoms, c51_loss, c51_projection, quantile_huber_lo
 from trimtab.rl.networks import BranchingQNetwork
 from trimtab.rl.replay import ReplayBuffer
 
-__all__ = ["AgentConfig", "DQNAgent", "StepGuard"]
+__all__ = ["AgentConfig", "DQNAgent", "Prediction", "Targets"]
 
 SupportFn = Callable[[], tuple[Tensor, Tensor]]
-
-
-class StepGuard:
-    """The stability hooks of one gradient step; this base class does nothing.
-
-    The trainer's :class:`trimtab.rl.stability.Stability` overrides them with the adaptive
-    target clamp, the sentinel checks, the gradient clip and the non-finite policy. Every
-    method must stay free of host syncs.
-    """
-
-    def targets(self, x: Tensor, kind: str) -> Tensor:
-        """Bellman targets before use: ``kind`` is ``"c51"`` (``T z``), ``"iqn"``, or
-        ``"c51_edge"``: ``max_j |T z_j|`` per sample and branch, shown only when there is no IQN
-        loss, so that a guard that sizes the support from targets still sees them (its return
-        is unused)."""
-        return x
-
-    def after_forward(self, loss: Tensor, info: dict[str, Tensor]) -> None:
-        """The loss and its forward tensors exist (sentinel phase ``forward``)."""
-
-    def after_backward(self, net: nn.Module, info: dict[str, Tensor]) -> None:
-        """Gradients exist (sentinel phase ``backward``, then the gradient clip)."""
-
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Apply the optimizer step (a guard may skip or sanitise it without a sync)."""
-        optimizer.step()
-
-    def after_step(self) -> None:
-        """Weights and moments are updated (sentinel phase ``optimizer``)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +94,25 @@ class AgentConfig:
         return cls(**values)
 
 
+class Prediction(NamedTuple):
+    """The online forward of a batch."""
+
+    trunk: Tensor  # [B, H], after the trunk's output module
+    logits: Tensor  # [B, D, A, N], every action
+    logits_taken: Tensor  # [B, D, N], at the taken actions
+    taus: Tensor | None  # [B, T] IQN quantile levels (None without IQN)
+    quantiles: Tensor | None  # [B, T, D] Z_τ at the taken actions
+
+
+class Targets(NamedTuple):
+    """The Bellman targets of a batch (no gradient), float32."""
+
+    tz: Tensor  # [B, D, N] T z_j, projected onto the support by the loss
+    next_probs: Tensor  # [B, D, N] p(x', a*; θ⁻)
+    next_action: Tensor  # [B, D] a*
+    bounded: Tensor  # what a target bound measures: IQN samples [B, T', D], or C51 reach [B, D]
+
+
 def _logits_at(logits: Tensor, action: Tensor) -> Tensor:
     """Each branch's logits at its action: ``[B, D, A, N]``, ``[B, D] -> [B, D, N]``."""
     index = action[:, :, None, None].expand(-1, -1, 1, logits.shape[-1])
@@ -156,13 +146,16 @@ class DQNAgent:
     Bellman targets reach the guard and the projection as float32. No ``GradScaler``: float16
     overflow past 65504 is left to show (the stress benchmark's mixed-precision case).
 
-    Hooks (all default to no-ops): ``support_fn`` returns the per-branch ``(v_min, v_max)`` each
-    step; ``target_transform`` maps Bellman targets before projection; ``grad_clip`` is called
-    with the parameters between backward and step; ``online.trunk_hook`` and
-    ``target.trunk_hook`` act on features (set each one that should be clamped).
+    Stability enters through two constructor arguments chosen by the run's builder, never
+    through callbacks: ``support_fn`` returns the per-branch ``(v_min, v_max)`` (the adaptive
+    support reads a measured bound), and ``trunk_out`` is a module inserted after the trunk of
+    both networks (the adaptive trunk clamp). The guarded step itself, with every stability call
+    in the order it runs, is :meth:`trimtab.rl.learner.Learner.learn`; this class holds the
+    algorithm's pieces it calls (:meth:`predict`, :meth:`next_state`, :meth:`bellman_targets`,
+    :meth:`loss`).
 
     The target network registers with the active :class:`trimtab.Lifecycle` for a hard sync at
-    each fold boundary. ``update`` makes no host synchronisation; ``info`` holds device tensors.
+    each fold boundary. Nothing here makes a host synchronisation; ``info`` holds device tensors.
     """
 
     def __init__(
@@ -174,6 +167,7 @@ class DQNAgent:
         optimizer_factory: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
         support_fn: SupportFn | None = None,
         autocast: torch.dtype | None = None,
+        trunk_out: nn.Module | None = None,
     ) -> None:
         if autocast not in (None, torch.bfloat16, torch.float16):
             raise ValueError(
@@ -185,8 +179,8 @@ class DQNAgent:
         self.device = torch.device(device)
         with torch.random.fork_rng(devices=[]):  # same weights for the same seed, always
             torch.manual_seed(cfg.seed)
-            self.online = self._make_network().to(self.device)
-            self.target = self._make_network().to(self.device)
+            self.online = self._make_network(trunk_out).to(self.device)
+            self.target = self._make_network(trunk_out).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         self.optimizer = optimizer_factory(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
@@ -199,16 +193,15 @@ class DQNAgent:
         )
         self._sizes = torch.tensor(self.branch_sizes, device=self.device)
         self.support_fn: SupportFn = support_fn if support_fn is not None else self.fixed_support
-        self.guard = StepGuard()
         self.num_updates = 0
         active_lifecycle().register_target_sync(self.online, self.target, name="agent.target")
 
-    def _make_network(self) -> BranchingQNetwork:
+    def _make_network(self, trunk_out: nn.Module | None) -> BranchingQNetwork:
         cfg = self.config
         return BranchingQNetwork(
             self.obs_dim, self.branch_sizes, hidden=cfg.hidden, depth=cfg.depth,
             n_atoms=cfg.n_atoms, iqn_embed=cfg.iqn_embed, head_hidden=cfg.head_hidden,
-            trunk=cfg.trunk, dueling=cfg.dueling,  # type: ignore[arg-type]
+            trunk=cfg.trunk, dueling=cfg.dueling, trunk_out=trunk_out,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def precision(self) -> torch.autocast:
@@ -252,59 +245,77 @@ class DQNAgent:
         explore = torch.rand(action.shape, generator=self.generator, device=self.device)
         return torch.where(explore < self.epsilon(step), random_action, action)
 
-    # --- learning -------------------------------------------------------------------------
-    def compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one sampled batch and an info dict of detached device tensors; under
-        ``autocast``, every forward and the loss run in that precision."""
-        with self.precision():
-            return self._compute_loss(batch)
-
-    def _compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    # --- learning: the pieces of the loss, in the order the learn step calls them ------------
+    def predict(self, batch: dict[str, Tensor], z: Tensor) -> Prediction:
+        """The online forward of ``batch["obs"]`` (the one back-propagated): every action's
+        logits, the taken actions' logits and, with IQN, ``Z_τ`` at the taken actions."""
         cfg = self.config
-        obs, action, next_obs = batch["obs"], batch["action"], batch["next_obs"]
-        n = obs.shape[0]
+        online = self.online(batch["obs"])
+        logits = _logits_at(online.logits, batch["action"])  # [B, D, N]
+        taus = quantiles = None
+        if cfg.iqn_weight > 0:
+            n = batch["obs"].shape[0]
+            taus = torch.rand(n, cfg.n_tau, generator=self.generator, device=self.device)
+            z_tau = self.online.quantiles(online.trunk, taus)
+            quantiles = _quantiles_at(z_tau, batch["action"])  # [B, T, D]
+        return Prediction(online.trunk, online.logits, logits, taus, quantiles)
+
+    @torch.no_grad()
+    def bellman_targets(self, batch: dict[str, Tensor], z: Tensor) -> Targets:
+        """Steps 1-2 and 5's target (class docstring), float32 whatever the forwards ran in.
+
+        ``bounded`` is what a target bound measures and clamps: the IQN target samples, which
+        the IQN loss then uses; without IQN, each C51 target's reach ``max_j |G + γ^k z_j|``
+        (``|G| + γ^k b`` on a support ±b), a measurement only: the C51 values live on the
+        support and cannot lead it, but their reach grows the support to ``p99 |G| / (1 − γ)``,
+        the largest return the rewards allow.
+        """
+        cfg = self.config
+        n = batch["obs"].shape[0]
         reward = batch["reward"].view(n, 1, 1)  # n-step return, shared by every branch
         discount = batch["discount"].view(n, 1, 1)  # γ^k, or 0 after a termination
-        weights = batch.get("weights")
-        v_min, v_max = self.support_fn()
-        z = atoms(v_min, v_max, cfg.n_atoms)  # [D, N]
-
-        online = self.online(obs)
-        logits = _logits_at(online.logits, action)  # [B, D, N]
-        with torch.no_grad():
-            # Double DQN: the online network selects a*, the target network evaluates it;
-            # without it the target network does both.
-            next_target = self.target(next_obs)
-            selector = self.online(next_obs).logits if cfg.double_dqn else next_target.logits
-            next_action = self.online.q_values(selector, z).argmax(dim=-1)  # [B, D]
-            next_probs = torch.softmax(_logits_at(next_target.logits, next_action), dim=-1)
-            # targets reach the guard and the projection as float32 (no-op without autocast)
-            tz = self.guard.targets((reward + discount * z).float(), "c51")  # (stability)
-            target_probs = c51_projection(tz, next_probs, v_min, v_max)
-            if cfg.iqn_weight == 0:  # no IQN samples: the guard sees each target's reach
-                self.guard.targets(tz.abs().amax(dim=-1), "c51_edge")  # [B, D]
-        c51 = c51_loss(logits, target_probs).mean(dim=-1)  # [B], averaged over branches
-
+        next_obs = batch["next_obs"]
+        # Double DQN: the online network selects a*, the target network evaluates it; without
+        # it the target network does both.
+        next_target = self.target(next_obs)
+        selector = self.online(next_obs).logits if cfg.double_dqn else next_target.logits
+        next_action = self.online.q_values(selector, z).argmax(dim=-1)  # [B, D]
+        next_probs = torch.softmax(_logits_at(next_target.logits, next_action), dim=-1)
+        tz = (reward + discount * z).float()  # T z_j  [B, D, N]
         if cfg.iqn_weight > 0:
-            taus = torch.rand(n, cfg.n_tau, generator=self.generator, device=self.device)
-            pred = _quantiles_at(self.online.quantiles(online.trunk, taus), action)  # [B, T, D]
-            with torch.no_grad():
-                taus_next = torch.rand(
-                    n, cfg.n_tau_target, generator=self.generator, device=self.device
-                )
-                next_z = self.target.quantiles(next_target.trunk, taus_next)
-                next_z = _quantiles_at(next_z, next_action)  # [B, T', D]
-                iqn_target = (reward + discount * next_z).float()
-                iqn_target = self.guard.targets(iqn_target, "iqn")  # stability
-            iqn = quantile_huber_loss(pred, iqn_target, taus, cfg.kappa).mean(dim=-1)  # [B]
+            taus_next = torch.rand(
+                n, cfg.n_tau_target, generator=self.generator, device=self.device
+            )
+            next_z = _quantiles_at(self.target.quantiles(next_target.trunk, taus_next), next_action)
+            bounded = (reward + discount * next_z).float()  # [B, T', D]
+        else:
+            bounded = tz.abs().amax(dim=-1)  # [B, D]
+        return Targets(tz, next_probs.float(), next_action, bounded)
+
+    def loss(
+        self,
+        batch: dict[str, Tensor],
+        pred: Prediction,
+        targets: Targets,
+        support: tuple[Tensor, Tensor],
+        z: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Steps 3-6: the C51 projection and cross-entropy, the IQN quantile Huber loss, the
+        importance-weighted mean; and an info dict of detached device tensors."""
+        cfg = self.config
+        v_min, v_max = support
+        target_probs = c51_projection(targets.tz, targets.next_probs, v_min, v_max)
+        c51 = c51_loss(pred.logits_taken, target_probs).mean(dim=-1)  # [B], over branches
+        if pred.quantiles is not None and pred.taus is not None:
+            iqn = quantile_huber_loss(pred.quantiles, targets.bounded, pred.taus, cfg.kappa)
+            iqn = iqn.mean(dim=-1)  # [B]
         else:
             iqn = torch.zeros_like(c51)
-
-        per_sample = c51 + cfg.iqn_weight * iqn
-        per_sample = per_sample.float()  # the loss is float32 whatever the forwards ran in
+        per_sample = (c51 + cfg.iqn_weight * iqn).float()  # float32 whatever the forwards ran in
+        weights = batch.get("weights")
         loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
         with torch.no_grad():
-            q_taken = (torch.softmax(logits, dim=-1) * z).sum(dim=-1)
+            q_taken = (torch.softmax(pred.logits_taken, dim=-1) * z).sum(dim=-1)
             info = {
                 "loss": loss.detach(),
                 "c51_loss": c51.mean(),
@@ -312,32 +323,19 @@ class DQNAgent:
                 "q_mean": q_taken.mean(),
                 "target_mean": (target_probs * z).sum(dim=-1).mean(),
                 "priorities": c51.detach().float(),
-                "next_action": next_action,
-                "obs": obs,  # for the sentinel's forward-phase checks
-                "logits": online.logits.detach(),
+                "next_action": targets.next_action,
             }
         return loss, info
 
-    def update(
-        self, batch: dict[str, Tensor], replay: ReplayBuffer | None = None
-    ) -> dict[str, Tensor]:
-        """One gradient step; refreshes priorities in ``replay``; hard-syncs the target network
-        every ``target_update_period`` updates. Returns the info dict (device tensors)."""
-        loss, info = self.compute_loss(batch)
-        self.guard.after_forward(loss, info)  # stability: sentinel "forward"
-        # Gradients keep their buffers (set_to_none=False): a sentinel's pointer table and a
-        # captured CUDA graph both need stable addresses.
-        self.optimizer.zero_grad(set_to_none=False)
-        loss.backward()
-        self.guard.after_backward(self.online, info)  # stability: sentinel "backward", clip
-        self.guard.step(self.optimizer)  # stability: skip or sanitise a non-finite step
-        self.guard.after_step()  # stability: sentinel "optimizer"
-        if replay is not None:
-            replay.update_priorities(batch["indices"], info["priorities"])
-        self.num_updates += 1
-        if self.num_updates % self.config.target_update_period == 0:
-            self.sync_target()
-        return info
+    def compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The unguarded loss of one batch (no bound measured or applied): :meth:`predict`,
+        :meth:`bellman_targets` and :meth:`loss` under the agent's precision."""
+        support = self.support_fn()
+        z = atoms(*support, self.config.n_atoms)  # [D, N]
+        with self.precision():
+            pred = self.predict(batch, z)
+            targets = self.bellman_targets(batch, z)
+            return self.loss(batch, pred, targets, support, z)
 
     @torch.no_grad()
     def sync_target(self) -> None:

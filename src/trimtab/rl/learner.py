@@ -1,5 +1,5 @@
-"""The learner: one agent and its stability parts, built once from the config, and the one
-guarded learn step that every runner calls. The runner never touches stability directly.
+"""The learner: one agent, the stability parts of its mode, and the one guarded learn step that
+every runner calls. The step reads top to bottom; every stability call is marked.
 """
 
 from __future__ import annotations
@@ -10,46 +10,92 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trimtab.nonfinite import NonFinitePolicy
 from trimtab.rl.agent import DQNAgent
 from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
+from trimtab.rl.losses import atoms
 from trimtab.rl.replay import ReplayBuffer
-from trimtab.rl.stability import Stability
+from trimtab.rl.stability import Stability, build_stability
 
 __all__ = ["Learner", "build_learner"]
 
 
 class Learner:
-    """An agent, the stability parts of its mode and the learn step (construct inside the run's
-    :class:`trimtab.Lifecycle` so every piece of state registers its fold-boundary reset)."""
+    """An agent, the stability parts of its mode and the learn step (build it with
+    :func:`build_learner` inside the run's :class:`trimtab.Lifecycle`, so every piece of state
+    registers its fold-boundary reset)."""
 
-    def __init__(self, agent: DQNAgent, stability: Stability) -> None:
-        self.agent = agent
-        self.stability = stability
+    def __init__(self, agent: DQNAgent, stability: Stability, policy: NonFinitePolicy) -> None:
+        self.agent, self.stability, self.policy = agent, stability, policy
+        self.params = list(agent.online.parameters())
 
+    def learn(
+        self, batch: dict[str, Tensor], replay: ReplayBuffer | None = None
+    ) -> dict[str, Tensor]:
+        """One guarded gradient step on ``batch``; returns detached device tensors. No host
+        synchronisation: every decision below is a device operation."""
+        agent, s, opt = self.agent, self.stability, self.agent.optimizer
+        support = s.support()  # stability: the C51 support (adaptive: ±measured target bound)
+        z = atoms(*support, agent.config.n_atoms)
+        with agent.precision():
+            pred = agent.predict(batch, z)  # stability: the trunk clamp is a layer of the net
+            targets = agent.bellman_targets(batch, z)
+        s.bound_targets(targets.bounded)  # stability: measure, check, clamp the targets
+        s.checks.see("trunk", pred.trunk.detach())
+        with agent.precision():
+            loss, info = agent.loss(batch, pred, targets, support, z)
+        s.checks.forward(batch["obs"], support[1], pred.logits, loss)  # stability: sentinel
+        if pred.trunk.requires_grad:
+            pred.trunk.register_hook(s.checks.trunk_grad)  # stability: sentinel, heads' grad
+        # Gradients keep their buffers (set_to_none=False): the sentinel's pointer table and a
+        # captured CUDA graph both need stable addresses.
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        s.checks.gradients()  # stability: sentinel "backward", before anything rewrites grads
+        grads = [p.grad for p in self.params if p.grad is not None]
+        info["found_inf"] = self.policy.inspect(grads)  # stability: flag (sanitize: zero)
+        if s.clip is not None:
+            info["grad_norm"] = s.clip(self.params)  # stability: gradient clip
+        self.policy.step()  # stability: the optimizer step honours found_inf under "skip"
+        s.after_step()  # stability: fixed mode's weight clamp
+        s.checks.weights()  # stability: sentinel "optimizer" (weights, moments)
+        s.fold()  # stability: fold every bound measured this step, once
+        if replay is not None:
+            replay.update_priorities(batch["indices"], info["priorities"])
+        agent.num_updates += 1
+        if agent.num_updates % agent.config.target_update_period == 0:
+            agent.sync_target()
+        return info
+
+    # --- what a runner reads --------------------------------------------------------------
     @property
     def fingerprint(self) -> str:
         """The state-vector layout's fingerprint (checkpoints of another layout are refused)."""
         return self.stability.fingerprint
 
-    def learn(
-        self, batch: dict[str, Tensor], replay: ReplayBuffer | None = None
-    ) -> dict[str, Tensor]:
-        """One guarded gradient step on ``batch``; returns detached device tensors."""
-        return self.agent.update(batch, replay)
-
     def log_values(self) -> dict[str, Tensor]:
         """Bounds and engagement rates since the last call (device tensors)."""
-        return self.stability.log_values()
+        s = self.stability
+        rates = s.rates()
+        return {
+            "bound/support": s.support()[1].mean(),
+            "bound/trunk": s.state["trunk_bound"],
+            "bound/adam_weight": s.state["adam_weight_bound"][0],
+            "bound/adam_weight_vectors": s.state["adam_weight_bound"][1],
+            "bound/grad_clip": s.state["grad_clip_bound"],
+            "engaged/target_clamp": rates[0],
+            "engaged/trunk_clamp": rates[1],
+        }
 
     def halt_message(self) -> str | None:
         """The first sentinel firing under ``on_nonfinite = "halt"`` (a host read)."""
-        return self.stability.halt_message()
+        return self.stability.checks.halt_message()
 
     def nonfinite_count(self) -> int:
-        return self.stability.nonfinite_count()
+        return len(self.stability.sentinel.report())
 
     def sentinel_report(self) -> dict[str, Any]:
-        return self.stability.sentinel_report()
+        return self.stability.sentinel.to_dict()
 
     def state_dict(self) -> dict[str, Any]:
         return {"agent": self.agent.state_dict(), "stability": self.stability.state_dict()}
@@ -62,12 +108,14 @@ class Learner:
 def build_learner(
     cfg: TrainConfig, obs_dim: int, branch_sizes: list[int], device: torch.device
 ) -> Learner:
-    """The agent and the stability parts of ``cfg.run.stability`` (and ``cfg.run.ablate``)."""
-    stab = Stability(cfg, n_branches=len(branch_sizes), device=device)
+    """The agent and the stability parts of ``cfg.run.stability`` (and ``cfg.run.ablate``),
+    chosen here once: the learn step has no branch on the mode."""
+    stab = build_stability(cfg, n_branches=len(branch_sizes), device=device)
     agent = DQNAgent(
         obs_dim, branch_sizes, replace(cfg.agent, seed=cfg.run.seed), device,
-        optimizer_factory=stab.optimizer_factory, support_fn=stab.support_fn,
-        autocast=AUTOCAST_DTYPES[cfg.run.autocast],
+        optimizer_factory=stab.make_optimizer, support_fn=stab.support,
+        autocast=AUTOCAST_DTYPES[cfg.run.autocast], trunk_out=stab.trunk_out,
     )  # fmt: skip
-    stab.attach(agent)
-    return Learner(agent, stab)
+    stab.attach(agent.online, agent.optimizer)
+    policy = NonFinitePolicy(cfg.run.on_nonfinite, agent.optimizer, device)
+    return Learner(agent, stab, policy)

@@ -5,7 +5,7 @@ and an IQN quantile head. Holds no training logic and no support: atoms come in 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import torch
@@ -19,7 +19,7 @@ TrunkKind = Literal["layernorm", "mlp", "gated"]
 class BranchOutput(NamedTuple):
     """What one forward pass returns."""
 
-    trunk: Tensor  # [B, hidden], after ``trunk_hook``
+    trunk: Tensor  # [B, hidden], after ``trunk_out`` (the trunk clamp, where there is one)
     logits: Tensor  # [B, branches, max_actions, n_atoms]; padded actions are masked in Q
 
 
@@ -131,8 +131,8 @@ class BranchingQNetwork(nn.Module):
 
     - Trunk ``h = f(x)``: an MLP of ``depth`` Linear–LayerNorm–ReLU layers, the same without
       LayerNorm (``trunk="mlp"``), or a Linear layer followed by ``depth`` gated residual blocks
-      (``trunk="gated"``). ``trunk_hook``, when
-      set, is applied to ``h`` right after the trunk (the trainer puts its adaptive clamp there).
+      (``trunk="gated"``), then ``trunk_out``: a module given by the builder (the trainer's
+      adaptive trunk clamp, :class:`trimtab.BoundClamp`) or ``nn.Identity``.
     - C51 head (Bellemare et al. 2017) per branch, dueling across branches (Tavakoli, Pardo &
       Kormushev 2018, *Action Branching Architectures for Deep RL*): logits
       ``ℓ_d(x, a) = V(h) + A_d(h, a) − mean_a' A_d(h, a')`` over ``n_atoms`` atoms; the Q-value is
@@ -146,8 +146,6 @@ class BranchingQNetwork(nn.Module):
     ``branch_sizes=list(v)``.
     """
 
-    trunk_hook: Callable[[Tensor], Tensor] | None
-
     def __init__(
         self,
         obs_dim: int,
@@ -159,6 +157,7 @@ class BranchingQNetwork(nn.Module):
         head_hidden: int | None = None,
         trunk: TrunkKind = "layernorm",
         dueling: bool = True,
+        trunk_out: nn.Module | None = None,
     ) -> None:
         super().__init__()
         branch_sizes = [int(n) for n in branch_sizes]
@@ -172,7 +171,7 @@ class BranchingQNetwork(nn.Module):
         head_hidden = hidden if head_hidden is None else head_hidden
         self.obs_dim, self.branch_sizes, self.n_atoms = obs_dim, branch_sizes, n_atoms
         self.trunk = _make_trunk(obs_dim, hidden, depth, trunk)
-        self.trunk_hook = None
+        self.trunk_out = trunk_out if trunk_out is not None else nn.Identity()
         self.c51_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, n_atoms, dueling)
         self.tau_embed = nn.Linear(iqn_embed, hidden)
         self.iqn_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, 1, dueling)
@@ -187,11 +186,8 @@ class BranchingQNetwork(nn.Module):
         return len(self.branch_sizes)
 
     def features(self, obs: Tensor) -> Tensor:
-        """Trunk features ``h = f(x)``, after ``trunk_hook``: ``[B, obs_dim] -> [B, hidden]``."""
-        h = self.trunk(obs)
-        if self.trunk_hook is not None:
-            h = self.trunk_hook(h)
-        return h
+        """Trunk features ``h = f(x)``, after ``trunk_out``: ``[B, obs_dim] -> [B, hidden]``."""
+        return self.trunk_out(self.trunk(obs))
 
     def forward(self, obs: Tensor) -> BranchOutput:
         h = self.features(obs)

@@ -1,0 +1,296 @@
+"""Adaptive bounds: the design's central loop (measure -> fold -> slot -> clamp -> engagement
+feedback) written once, for any number of named bounds, so no user wires it by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trimtab.clamp import clamp_finite_, guard_
+from trimtab.engagement import EngagementCorrection
+from trimtab.estimate import AdaptiveEMA
+from trimtab.lifecycle import detached, register
+from trimtab.quantile import abs_quantile
+from trimtab.sentinel import Rule, Sentinel
+from trimtab.state import Slot, StateVector
+
+__all__ = ["AdaptiveBounds", "BoundClamp"]
+
+#: Cold-start floor of a bound as a consumer reads it (a numerical constant, design invariant
+#: 3): before the first measurement, or when every value measured is exactly 0, a support or a
+#: clamp reads 1e-3 rather than a collapsed 0. It goes on the slot value, never on a bound.
+DEFAULT_FLOOR = 1e-3
+
+
+class AdaptiveBounds:
+    r"""``N`` named magnitude bounds, each measured online and read from a state-vector slot.
+
+    Per bound ``b`` and training step ``t``:
+
+    1. **measure** ``x`` before any clamp: ``y_t = Q_q(|x|)`` (the exact ``q``-quantile of the
+       finite ``|x|``, :func:`trimtab.abs_quantile`), the largest finite ``M_t = max |x|`` and the
+       count ``n_t``;
+    2. **clamp** ``x`` (the sentinel checks it first, in the same pass: invariant 4) at
+       ``B_t = max(s_(t-1), floor)``, the slot as it stands, counting ``k_t`` finite elements
+       with ``|x| > B_t``; a slot that is unset (a fold's first step) reads this step's ``y_t``;
+    3. **fold**, once per step for every bound measured in it: the engagement test
+       (:class:`~trimtab.EngagementCorrection`; ``k_t ~ Binomial(n_t, 1 - q)`` while the bound
+       is the true quantile) raises a stale ``y_t`` toward ``M_t``, and an
+       :class:`~trimtab.AdaptiveEMA` folds it on a log scale into the slot,
+       ``s_t = exp(EMA(log y'_t))``, its first observation after a reset replacing the value.
+
+    A bound not measured in a step keeps its slot and statistics. Everything is computed on the
+    device (no host sync; CUDA-graph capturable once warmed up). The object owns its slots (in
+    ``state``, or a state vector of its own), its estimator, its engagement correction and its
+    step counts, and with a ``sentinel`` one guarded slot per bound (fed by :meth:`clamp_`, firing
+    on NaN/±Inf or on ``max|x| > excursion × slot``, added in ``phase``; ``add_slots=False``
+    when the caller adds those slots itself, with source None), and registers one
+    reset with the active :class:`~trimtab.Lifecycle`: at a fold boundary all of them are
+    forgotten together.
+
+    Example::
+
+        bounds = trimtab.AdaptiveBounds(["act"], device="cuda", sentinel=sentinel)
+        z = layer(x)
+        bounds.measure("act", z)          # p99 |z| of this step, before the clamp
+        bounds.clamp_("act", z)           # check into sentinel slot "act", then clamp in place
+        ...
+        optimizer.step()
+        bounds.fold()                     # every bound measured this step, once
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        *,
+        q: float = 0.99,
+        floor: float = DEFAULT_FLOOR,
+        state: StateVector | None = None,
+        device: torch.device | str | None = None,
+        sentinel: Sentinel | None = None,
+        excursion: float = 1e3,
+        phase: str = "forward",
+        add_slots: bool = True,
+        name: str = "bounds",
+    ) -> None:
+        names = tuple(names)
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"AdaptiveBounds needs unique bound names, got {list(names)}")
+        if not 0.0 < q < 1.0:
+            raise ValueError(f"q={q} must be in (0, 1): a clamp at it engages on 1 - q")
+        if not (math.isfinite(floor) and floor > 0):
+            raise ValueError(f"floor={floor} must be a finite number > 0")
+        self.names, self.q, self.floor, self.name = names, float(q), float(floor), name
+        self.sentinel = sentinel
+        if state is None:
+            state = StateVector(self.slots(names), device=device)
+        self.state = state
+        offsets = []
+        for n in names:
+            slot = self.slot_name(n)
+            if slot not in state:
+                raise KeyError(
+                    f"the state vector has no slot {slot!r}; declare the bounds' slots with "
+                    f"AdaptiveBounds.slots({list(names)}) in its layout"
+                )
+            offsets.append(state.index(slot))
+        start = offsets[0][0]
+        if any(o != (start + i, 1) for i, o in enumerate(offsets)):
+            raise ValueError(
+                f"the slots of {list(names)} must be consecutive size-1 slots of the state "
+                "vector; declare them with *AdaptiveBounds.slots(names) in that order"
+            )
+        self.device = dev = state.tensor.device
+        #: the slots' values, one view of the state vector (written by :meth:`fold`)
+        self.values = state.tensor[start : start + len(names)]
+        n = len(names)
+        with detached():  # one registration below resets them all together
+            self.ema = AdaptiveEMA(n, device=dev)
+            self.engagement = EngagementCorrection(n, expected_rate=1.0 - q, device=dev)
+        self._index = {b: i for i, b in enumerate(names)}
+        self._obs = torch.full((n,), math.nan, device=dev)  # this step's y_t (NaN: unmeasured)
+        self._max = torch.zeros(n, device=dev)  # this step's M_t
+        self._seen = torch.zeros(n, dtype=torch.int64, device=dev)  # n_t
+        self._counts = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # (k_t, non-finite)
+        self._log = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # (engaged, seen) since log
+        self._floor = torch.full((), self.floor, device=dev)
+        #: Test hook: called as ``fault_hook(bound, x)`` right before a counted clamp checks
+        #: ``x`` (fault-injection tests write a NaN there); None in normal use.
+        self.fault_hook: Callable[[str, Tensor], None] | None = None
+        if sentinel is not None and add_slots:  # the rule reads the slot when the check runs
+            for i, b in enumerate(names):
+                rule = Rule.above(self.values[i : i + 1], factor=excursion, name=self.slot_name(b))
+                sentinel.add(b, None, rule, phase=phase)
+        register(
+            self,
+            "reset",
+            name=name,
+            what=f"unset bounds {list(names)}; forget their estimator, engagement and counts",
+        )
+
+    # --- layout ------------------------------------------------------------------------------
+    @staticmethod
+    def slot_name(bound: str) -> str:
+        return f"{bound}_bound"
+
+    @classmethod
+    def slots(cls, names: Sequence[str]) -> list[Slot]:
+        """The state-vector slots of ``names``, to declare (consecutively) in a layout."""
+        return [Slot(cls.slot_name(n), doc=f"measured |{n}| bound (AdaptiveBounds)") for n in names]
+
+    def _i(self, bound: str) -> int:
+        try:
+            return self._index[bound]
+        except KeyError:
+            raise KeyError(f"no bound {bound!r}; this object has {list(self.names)}") from None
+
+    # --- the step ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def measure(self, bound: str, x: Tensor) -> None:
+        """Record this step's ``q``-quantile, largest finite value and count of ``|x|`` for
+        ``bound`` (call it before any clamp of ``x``; a second call in a step replaces the
+        first)."""
+        i = self._i(bound)
+        self._obs[i] = abs_quantile(x, self.q)
+        flat = x.detach().reshape(-1).float().abs().nan_to_num_(0.0, 0.0, 0.0)
+        if flat.numel():
+            torch.amax(flat, 0, out=self._max[i])
+        else:
+            self._max[i].zero_()
+        self._seen[i].fill_(x.numel())  # fill_: a kernel argument, not a host copy
+
+    def bound(self, bound: str) -> Tensor:
+        """The bound a consumer reads now: ``max(slot, floor)``, the slot read as this step's
+        measurement while it is unset; NaN (clamp nothing) when neither exists yet."""
+        i = self._i(bound)
+        v = self.values[i]
+        v = torch.where(torch.isnan(v), self._obs[i], v)
+        return torch.where(torch.isnan(v), v, torch.fmax(v, self._floor))
+
+    def read(self, bound: str) -> Tensor:
+        """:meth:`bound`, reading the floor instead of NaN (for a support, which cannot be
+        undefined)."""
+        return torch.fmax(self.bound(bound), self._floor)
+
+    @torch.no_grad()
+    def clamp_(self, bound: str, x: Tensor, *, count: bool = True) -> Tensor:
+        """In place: check ``x`` into the sentinel slot ``bound`` (when this object has a
+        sentinel), then replace NaN/±Inf by 0 and clamp to ``±bound``. ``count=True`` counts the
+        engagements toward this step's test (the measured tensor); ``False`` applies the bound
+        without counting or checking (another forward of the same step). Returns ``x``."""
+        i = self._i(bound)
+        b = self.bound(bound).reshape(1)
+        if not count:
+            return clamp_finite_(x, b)
+        counts = self._counts[i]
+        if self.fault_hook is not None:
+            self.fault_hook(bound, x)
+        if self.sentinel is not None:
+            guard_(x, b, self.sentinel, bound, counts)
+        else:
+            clamp_finite_(x, b, counts)
+        return x
+
+    @torch.no_grad()
+    def fold(self) -> Tensor:
+        """End of step: test engagement and fold every bound measured this step into its slot
+        (one estimator update for all of them), then clear the step's records. Returns the
+        slots' values."""
+        took = ~torch.isnan(self._obs)
+        self._log[:, 0].add_(torch.where(took, self._counts[:, 0], 0))
+        self._log[:, 1].add_(torch.where(took, self._seen, 0))
+        self.engagement.observe(self._counts[:, 0], self._seen, self._max, took)
+        new = self.engagement.fold(self.ema, self._obs.nan_to_num(0.0), took)
+        self.values.copy_(torch.where(took, new, self.values))
+        self._clear_step()
+        return self.values
+
+    def _clear_step(self) -> None:
+        self._obs.fill_(math.nan)
+        self._max.zero_()
+        self._seen.zero_()
+        self._counts.zero_()
+
+    def engaged_rates(self) -> Tensor:
+        """Per bound, the fraction of measured elements clamped since the last call (float64,
+        NaN where nothing was measured); clears the tally."""
+        rates = self._log[:, 0].double() / self._log[:, 1].double()
+        self._log.zero_()
+        return rates
+
+    # --- lifecycle and checkpoints -------------------------------------------------------------
+    def reset(self) -> None:
+        """Unset the slots and forget the estimator, the engagement state and the step counts."""
+        self.values.fill_(math.nan)
+        self.ema.reset()
+        self.engagement.reset()
+        self._clear_step()
+        self._log.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "names": list(self.names),
+            "values": self.values.clone(),
+            "ema": self.ema.state_dict(),
+            "engagement": self.engagement.state_dict(),
+            "log": self._log.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if list(state["names"]) != list(self.names):
+            raise ValueError(
+                f"saved bounds {state['names']} do not match this object's {list(self.names)}"
+            )
+        self.values.copy_(state["values"])
+        self.ema.load_state_dict(state["ema"])
+        self.engagement.load_state_dict(state["engagement"])
+        self._log.copy_(state["log"])
+
+    def __repr__(self) -> str:
+        return f"AdaptiveBounds({list(self.names)}, q={self.q}, floor={self.floor}, {self.device})"
+
+
+class BoundClamp(nn.Module):
+    """A layer that bounds activations with one of an :class:`AdaptiveBounds`' bounds.
+
+    In a forward that will be back-propagated (grad enabled, input requiring grad) it measures
+    its input, checks it and clamps it, counting engagements; in any other forward (acting,
+    next-state and target-network passes) it applies the bound as it stands, without measuring,
+    counting or checking, so every record belongs to the training forward. The gradient is
+    ``clamp``'s: passed where a value was kept, zero where it was clamped or replaced. Runs in
+    full precision under autocast (the input keeps its dtype).
+    """
+
+    def __init__(self, bounds: AdaptiveBounds, bound: str) -> None:
+        super().__init__()
+        bounds._i(bound)
+        self.bounds, self.bound = bounds, bound
+
+    def forward(self, h: Tensor) -> Tensor:
+        with torch.autocast(h.device.type, enabled=False):
+            return _BoundClampFn.apply(h, self.bounds, self.bound)
+
+    def extra_repr(self) -> str:
+        return f"bound={self.bound!r}"
+
+
+class _BoundClampFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, bounds: AdaptiveBounds, bound: str) -> Tensor:
+        y = h.detach().clone()
+        training = h.requires_grad
+        if training:
+            bounds.measure(bound, y)
+        bounds.clamp_(bound, y, count=training)
+        ctx.save_for_backward(y == h)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (kept,) = ctx.saved_tensors
+        return grad * kept, None, None

@@ -1,0 +1,207 @@
+"""The trainer's sentinel: which buffers are checked, in which phase, against which measured
+threshold; the threshold scales it measures; the fault-injection test hook; the halt report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trimtab.estimate import AdaptiveEMA
+from trimtab.lifecycle import detached, register
+from trimtab.quantile import abs_quantiles
+from trimtab.sentinel import Rule, Sentinel
+from trimtab.state import Slot, StateVector
+
+__all__ = ["EXCURSION_FACTOR", "WATCHED", "Checks", "watch_slots"]
+
+#: Sentinel threshold factor on measured p99 bounds: a value 1e3 times the running p99 of its
+#: buffer is the onset of the blow-up chain (targets, then moments, then weights) that the
+#: sentinel exists to name; ordinary heavy tails (Student-t, 4 d.o.f.) stay orders below it.
+EXCURSION_FACTOR = 1e3
+
+#: The quantile measured for a threshold scale.
+Q = 0.99
+
+#: Buffers measured only to give the sentinel a threshold (checked first, then measured, so
+#: a step's own excursion never raises the bound it is checked against).
+WATCHED = ("obs", "logits", "loss", "grad_trunk")
+
+
+def watch_slots() -> list[Slot]:
+    """The state-vector slots of the threshold scales (declare them in the layout)."""
+    return [
+        Slot(f"{n}_scale", doc=f"max this fold of p99 |{n}|: sentinel threshold scale")
+        for n in WATCHED
+    ]
+
+
+class Checks:
+    """The sentinel's slots for one agent, and the calls of the learn step that feed them.
+
+    Phases, in the order a step runs them: ``forward`` (observations, the C51 atom span, the
+    targets and trunk where no clamp guards them, logits, loss), ``backward_heads`` (the
+    gradient where it leaves the heads: a hook on the trunk output), ``backward`` (every
+    parameter's gradient), ``optimizer`` (every weight and both Adam moments). ``guarded``
+    names the buffers a clamp checks itself in the same pass (:func:`trimtab.guard_`): their
+    slots are fed by the clamp, not read here. Thresholds come from state-vector slots: a bound
+    that a consumer uses, or a ``*_scale`` slot that :meth:`_watch` keeps at the largest p99
+    this fold. Diagnostics never change training: with :attr:`enabled` False no check runs and
+    every number of the step is unchanged (tested).
+    """
+
+    def __init__(
+        self,
+        state: StateVector,
+        sentinel: Sentinel,
+        policy: str,
+        guarded: dict[str, bool],
+        thresholds: dict[str, str],
+    ) -> None:
+        self.state, self.sentinel, self.policy = state, sentinel, policy
+        self.guarded, self.thresholds = guarded, thresholds
+        self.device = state.tensor.device
+        with detached():  # reset with this object's own registration below
+            self.watch_ema = AdaptiveEMA(len(WATCHED), device=self.device)
+        self._seen: dict[str, Tensor] = {}
+        self._loss = torch.zeros((), device=self.device)
+        self._masks: dict[tuple[str, ...], Tensor] = {}
+        #: Test hook: ``(slot name, step, value)`` writes ``value`` into that slot's buffer right
+        #: before its check number ``step`` (the step the sentinel will report).
+        self.fault: tuple[str, int, float] | None = None
+        #: False runs no check at all: the test of invariant 7 (diagnostics change nothing).
+        self.enabled = True
+        self._checks: dict[str, int] = {}
+        register(
+            self, "reset", name="checks",
+            what="forget the threshold-scale estimator and the fault-injection counters",
+        )  # fmt: skip
+
+    # --- wiring ---------------------------------------------------------------------------
+    def attach(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Name the sentinel's slots for ``net`` and its ``optimizer``, in data-flow order (ties
+        in a phase are reported in the order added: an overflowing trunk is named, not the
+        logits after it)."""
+        s, seen = self.sentinel, self._seen
+
+        def above(slot: str, i: int | None = None, factor: float = EXCURSION_FACTOR) -> Rule:
+            view = self.state[slot] if i is None else self.state[slot][i]
+            return Rule.above(view, factor=factor, name=slot)
+
+        def source(name: str) -> Callable[[], Tensor | None]:
+            return lambda: seen.get(name)
+
+        s.add("obs", source("obs"), above("obs_scale"), phase="forward")
+        s.add("atom_span", source("atom_span"), phase="forward")
+        for name in ("targets", "trunk"):  # a guarded one is fed by its clamp (source None)
+            src = None if self.guarded[name] else source(name)
+            s.add(name, src, above(self.thresholds[name]), phase="forward")
+        s.add("logits", source("logits"), above("logits_scale"), phase="forward")
+        s.add("loss", self._loss, above("loss_scale"), phase="forward")
+        s.add("grad.trunk_output", source("grad_trunk"), above("grad_trunk_scale"),
+              phase="backward_heads")  # fmt: skip
+        for name, p in net.named_parameters():
+            s.add(f"grad.{name}", lambda p=p: p.grad, above("grad_clip_bound"), phase="backward")
+        for name, p in net.named_parameters():
+            g = 0 if p.ndim >= 2 else 1  # the optimizer group, and so the slot element
+            s.add(f"weight.{name}", p, above("adam_weight_bound", g), phase="optimizer")
+            moments = (
+                ("adam_m", "exp_avg", above("adam_p99_m", g)),
+                ("adam_v", "exp_avg_sq", above("adam_p99_v", g, EXCURSION_FACTOR**2)),
+            )
+            for moment, key, rule in moments:  # fmt: skip
+                src = lambda p=p, k=key: optimizer.state.get(p, {}).get(k)  # noqa: E731
+                s.add(f"{moment}.{name}", src, rule, phase="optimizer")
+
+    # --- the learn step's calls -----------------------------------------------------------
+    def see(self, name: str, x: Tensor) -> None:
+        """Hold ``x`` as this step's buffer ``name`` for the next check of its phase."""
+        self._seen[name] = x
+
+    def forward(self, obs: Tensor, atom_span: Tensor, logits: Tensor, loss: Tensor) -> None:
+        """Phase ``forward``, then fold the watched buffers' p99 into their threshold scales."""
+        self._loss.copy_(loss.detach())
+        self._seen.update(obs=obs, atom_span=atom_span, logits=logits.detach())
+        self._check("forward")
+        self._watch({"obs": obs, "logits": self._seen["logits"], "loss": self._loss})
+
+    def trunk_grad(self, g: Tensor) -> None:
+        """Hook on the trunk output: phase ``backward_heads``."""
+        self._seen["grad_trunk"] = g
+        self._check("backward_heads")
+        self._watch({"grad_trunk": g})
+
+    def gradients(self) -> None:
+        """Phase ``backward``: every parameter's gradient, before anything rewrites it."""
+        self._check("backward")
+
+    def weights(self) -> None:
+        """Phase ``optimizer``: every weight and both moments after the step."""
+        self._check("optimizer")
+
+    # --- internals ------------------------------------------------------------------------
+    def _check(self, phase: str) -> None:
+        if not self.enabled:
+            return
+        if self.fault is not None:
+            slot = self.sentinel._slots.get(self.fault[0])
+            if slot is not None and slot.phase == phase and slot.source is not None:
+                t = slot.source if isinstance(slot.source, Tensor) else slot.source()
+                self.inject(self.fault[0], t, phase)
+        self.sentinel.check(phase)
+        self._checks[phase] = self._checks.get(phase, 0) + 1
+
+    def inject(self, name: str, x: Tensor | None, counter: str) -> None:
+        """Write the fault into ``x`` if it is due at this check (test hook); a clamp that
+        checks its own buffer calls this with ``counter = "guard:" + name``."""
+        f = self.fault
+        if f is None or f[0] != name or x is None:
+            return
+        if self._checks.get(counter, 0) == f[1]:
+            with torch.no_grad():
+                x.view(-1)[x.numel() // 2] = f[2]
+        if counter.startswith("guard:"):
+            self._checks[counter] = self._checks.get(counter, 0) + 1
+
+    @torch.no_grad()
+    def _watch(self, values: dict[str, Tensor]) -> None:
+        """Fold p99 |x| of watched buffers into their threshold slots (after their check): one
+        quantile launch and one estimator update for all of them. A scale is the largest the
+        buffer has had this fold (the slots reset at a boundary): an excursion is 1e3 x above
+        every scale seen, so gradients that shrink as training converges do not fire."""
+        names = [n for n in WATCHED if n in values]
+        q = abs_quantiles([values[n].reshape(-1) for n in names], Q)
+        parts = iter(q.unbind())
+        zero = q.new_zeros(())
+        obs = torch.stack([next(parts) if n in values else zero for n in WATCHED])
+        key = tuple(names)
+        if key not in self._masks:  # built once per set of names (a host-to-device copy)
+            self._masks[key] = torch.tensor([n in values for n in WATCHED], device=self.device)
+        est = self.watch_ema.update_log(obs, self._masks[key])
+        for n in names:
+            slot = self.state[f"{n}_scale"]
+            slot.copy_(torch.fmax(slot, est[WATCHED.index(n)]))
+
+    # --- reports ----------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.watch_ema.reset()
+        self._checks.clear()
+
+    def halt_message(self) -> str | None:
+        """The first firing, when the policy is ``halt`` and anything fired (a host read)."""
+        if self.policy != "halt" or not bool(self.sentinel.fired()):
+            return None
+        first = self.sentinel.report()[0]
+        return (
+            f"sentinel slot {first.name!r} fired first: {first.kind} in phase {first.phase} "
+            f"at step {first.step} of this fold (value {first.value})"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"watch_ema": self.watch_ema.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.watch_ema.load_state_dict(state["watch_ema"])
