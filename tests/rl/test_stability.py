@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import random_batch, tiny, wired_agent
+from rl_helpers import random_batch, tiny
 
+from trimtab.lifecycle import Lifecycle
+from trimtab.rl.learner import build_learner
 from trimtab.rl.train import TrainingHalted, train
 
 
@@ -31,8 +33,8 @@ def test_fault_injection_names_slot_and_step(tmp_path):
     for i, (name, step, value) in enumerate(trials):
         out = tmp_path / f"t{i}"
 
-        def setup(stab, agent, fault=(name, step, float(value))):
-            stab.fault = fault
+        def setup(learner, fault=(name, step, float(value))):
+            learner.stability.fault = fault
 
         with pytest.raises(TrainingHalted, match=re.escape(repr(name))):
             train(tiny(out), setup=setup)
@@ -47,8 +49,8 @@ def test_fault_injection_names_slot_and_step(tmp_path):
 def test_sanitize_continues_with_finite_weights(tmp_path):
     out = tmp_path / "run"
 
-    def setup(stab, agent):
-        stab.fault = ("grad.trunk.0.weight", 3, float("nan"))
+    def setup(learner):
+        learner.stability.fault = ("grad.trunk.0.weight", 3, float("nan"))
 
     summary = train(tiny(out, on_nonfinite="sanitize"), setup=setup)
     assert summary["halted"] is None and summary["folds"][0]["nonfinite"] >= 1
@@ -58,30 +60,10 @@ def test_sanitize_continues_with_finite_weights(tmp_path):
     assert fired[0]["name"] == "grad.trunk.0.weight" and fired[0]["step"] == 3
 
 
-def test_skip_leaves_weights_and_moments_untouched():
-    stab, agent = wired_agent(tiny(Path("unused"), on_nonfinite="skip"))
-    batch = random_batch()
-    agent.update(batch)  # moments exist
-    opt = agent.optimizer
-    params = list(agent.online.parameters())
-    before = [p.detach().clone() for p in params]
-    moments = [opt.state[p]["exp_avg"].clone() for p in params]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    params[0].grad.view(-1)[0] = float("nan")
-    stab.step(opt)
-    assert all(torch.equal(p, b) for p, b in zip(params, before))
-    assert all(torch.equal(opt.state[p]["exp_avg"], m) for p, m in zip(params, moments))
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
-    stab.step(opt)
-    assert not all(torch.equal(p, b) for p, b in zip(params, before))
-
-
 @pytest.mark.parametrize("mode", ["adaptive", "off"])
 def test_diagnostics_never_change_training(tmp_path, mode):
-    def quiet(stab, agent):
-        stab.diagnostics = False
+    def quiet(learner):
+        learner.stability.diagnostics = False
 
     train(tiny(tmp_path / "on", stability=mode))
     train(tiny(tmp_path / "off", stability=mode), setup=quiet)
@@ -93,8 +75,13 @@ def test_diagnostics_never_change_training(tmp_path, mode):
     torch.testing.assert_close(va, vb, rtol=0, atol=0, equal_nan=True)
 
 
+def _learner(cfg):
+    with Lifecycle():
+        return build_learner(cfg, 5, [3, 3], torch.device("cpu"))
+
+
 def test_atom_positions_have_one_writer():
-    """Every place that computes atom positions goes through losses.atoms, fed by support_fn."""
+    """Every place that computes atom positions goes through losses.atoms, fed by the support."""
     root = Path(__file__).parents[2] / "src" / "trimtab" / "rl"
     sources = {p.name: p.read_text() for p in root.glob("*.py")}
     linspace = [n for n, s in sources.items() if "linspace" in s]
@@ -105,31 +92,30 @@ def test_atom_positions_have_one_writer():
         for node in ast.walk(ast.parse(src))
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "atoms"
     ]
-    assert calls and set(calls) == {"agent.py"}, calls
-    agent_src = sources["agent.py"]
-    assert agent_src.count("self.support_fn()") == len(calls)
-    # and the adaptive support_fn reads its slot through the one read-with-floor helper
-    assert 'self.state.read("target_bound", floor=SUPPORT_FLOOR)' in sources["stability.py"]
+    assert set(calls) == {"agent.py", "learner.py"}, calls
+    # and the adaptive support reads its slot through the bounds' one read-with-floor helper
+    assert 'b.read("targets")' in sources["stability.py"]
 
 
 def test_unset_trunk_bound_does_not_clamp_acting_forwards():
     """Before a fold's first training step the trunk slot is unset: acting must see the trunk
     unclamped (not clamped at the cold-start floor)."""
-    _, agent = wired_agent(tiny(Path("unused")))
+    agent = _learner(tiny(Path("unused"))).agent
     obs = torch.randn(8, 5) * 10
     with torch.no_grad():
-        hooked = agent.online(obs).logits
-        agent.online.trunk_hook = None
+        clamped = agent.online(obs).logits
+        agent.online.trunk_out = torch.nn.Identity()
         plain = agent.online(obs).logits
-    assert torch.equal(hooked, plain)
+    assert torch.equal(clamped, plain)
 
 
 def test_norm_gains_keep_their_own_bound():
     """LayerNorm gains (1.0 at init) are not clamped to the weight matrices' p99 bound."""
-    _, agent = wired_agent(tiny(Path("unused")))
+    learner = _learner(tiny(Path("unused")))
+    agent = learner.agent
     batch = random_batch()
     for _ in range(3):
-        agent.update(batch)
+        learner.learn(batch)
     gains = [p for n, p in agent.online.named_parameters() if p.ndim == 1 and "trunk" in n]
     assert gains and max(float(g.abs().max()) for g in gains) > 0.5
 
@@ -140,8 +126,9 @@ def test_fixed_supports_are_the_agents_configured_support(mode):
     CartPole value (up to 100) at 10 whatever the config said."""
     cfg = tiny(Path("unused"), stability=mode)
     cfg = replace(cfg, agent=replace(cfg.agent, v_min=-100.0, v_max=50.0))
-    stab, agent = wired_agent(cfg)
-    v_min, v_max = stab.support_fn()
+    learner = _learner(cfg)
+    agent = learner.agent
+    v_min, v_max = learner.stability.support()
     assert v_min.tolist() == [-100.0, -100.0] and v_max.tolist() == [50.0, 50.0]
     batch = random_batch()
     batch["reward"].fill_(80.0)  # T z = 80 + 0.9 z: beyond ±10, inside the configured support
@@ -154,27 +141,28 @@ def test_adaptive_support_grows_without_the_iqn_loss():
     nothing did and the support stayed at its ±1e-3 floor); it grows toward r / (1 − γ)."""
     cfg = tiny(Path("unused"))
     cfg = replace(cfg, agent=replace(cfg.agent, iqn_weight=0.0))
-    stab, agent = wired_agent(cfg)
+    learner = _learner(cfg)
+    support = learner.stability.support
     batch = random_batch()
     batch["reward"].fill_(5.0)
     for _ in range(5):
-        agent.update(batch)
-    v_min, v_max = stab.support_fn()
+        learner.learn(batch)
+    v_min, v_max = support()
     assert float(v_max.min()) > 4.0 and torch.equal(v_min, -v_max)
     for _ in range(300):
-        agent.update(batch)
+        learner.learn(batch)
     # discount 0.9, reward 5: the largest return is 5 / (1 - 0.9) = 50
-    assert 35.0 < float(stab.support_fn()[1].min()) < 55.0
+    assert 35.0 < float(support()[1].min()) < 55.0
 
 
 def test_watched_threshold_keeps_the_folds_largest_scale():
     """Gradients shrink as training converges; the sentinel's threshold scale is the largest
     p99 the buffer has had this fold, so an ordinary gradient after a 1e4x shrink does not
     fire (1e3 x a recent p99 halted solved CartPole runs), while a 1e30 still does."""
-    stab, _ = wired_agent(tiny(Path("unused")))
+    stab = _learner(tiny(Path("unused"))).stability
     g = torch.Generator().manual_seed(0)
     for scale in [1.0] * 20 + [1e-4] * 200:
-        stab._watch({"grad_trunk": scale * torch.randn(256, generator=g)})
+        stab.checks._watch({"grad_trunk": scale * torch.randn(256, generator=g)})
     assert float(stab.state["grad_trunk_scale"]) > 1.0  # not the recent 1e-4 scale
     stab.sentinel.add(
         "probe",

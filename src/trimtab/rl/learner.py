@@ -12,7 +12,7 @@ from torch import Tensor
 
 from trimtab.nonfinite import NonFinitePolicy
 from trimtab.rl.agent import DQNAgent
-from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
+from trimtab.rl.config import AUTOCAST_DTYPES, RunConfig, TrainConfig
 from trimtab.rl.losses import atoms
 from trimtab.rl.replay import ReplayBuffer
 from trimtab.rl.stability import Stability, build_stability
@@ -66,6 +66,16 @@ class Learner:
         if agent.num_updates % agent.config.target_update_period == 0:
             agent.sync_target()
         return info
+
+    @classmethod
+    def unguarded(cls, agent: DQNAgent) -> Learner:
+        """The learn step around an existing agent with the ``off`` mode's parts (no bound, no
+        clip; the sentinel still watches): for a user of the agent alone, and its tests."""
+        cfg = TrainConfig(run=RunConfig(stability="off"), agent=agent.config)
+        stab = build_stability(cfg, n_branches=len(agent.branch_sizes), device=agent.device)
+        stab.support = agent.support_fn
+        stab.attach(agent.online, agent.optimizer)
+        return cls(agent, stab, NonFinitePolicy("halt", agent.optimizer, agent.device))
 
     # --- what a runner reads --------------------------------------------------------------
     @property
