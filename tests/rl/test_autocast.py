@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import random_batch, wired_agent
+from rl_helpers import random_batch
 from rl_helpers import tiny as rl_tiny
 
+from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent import DQNAgent
 from trimtab.rl.cli_train import add_commands, build_config
 from trimtab.rl.config import RunConfig, TrainConfig
 from trimtab.rl.configio import ConfigError, from_dict
+from trimtab.rl.learner import build_learner
 from trimtab.rl.train import TrainingHalted, train
 
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -25,6 +27,11 @@ STEPS = 16  # gradient steps of the short runs
 
 def tiny(out: Path, **run: object) -> TrainConfig:
     return rl_tiny(out, steps_per_fold=STEPS, **run)
+
+
+def _learner(cfg: TrainConfig):
+    with Lifecycle():
+        return build_learner(cfg, 5, [3, 3], torch.device("cpu"))
 
 
 @pytest.mark.parametrize(
@@ -61,12 +68,13 @@ def test_forwards_run_in_the_configured_precision(autocast):
     """On CPU the trunk's output (Linear, LayerNorm, ReLU) is in the low precision in every
     forward: the training, next-state and target forwards of a step, and acting; weights,
     gradients, the loss and the stability state stay float32."""
-    stab, agent = wired_agent(tiny(Path("unused"), autocast=autocast, stability="off"))
+    learner = _learner(tiny(Path("unused"), autocast=autocast, stability="off"))
+    stab, agent = learner.stability, learner.agent
     seen: list[torch.dtype] = []
     for net in (agent.online, agent.target):
         net.trunk.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
     want = LOW.get(autocast, torch.float32)
-    info = agent.update(random_batch())
+    info = learner.learn(random_batch())
     assert len(seen) == 3 and set(seen) == {want}  # online(obs), target(x'), online(x')
     agent.act(torch.randn(4, 5), step=0)
     assert len(seen) == 4 and seen[-1] == want
@@ -99,20 +107,20 @@ def test_float16_trunk_overflow_is_named_trunk(mode):
     in the same check when the trunk is not clamped, and used to be reported first)."""
     fired = {}
     for autocast in ("none", "fp16"):
-        stab, agent = wired_agent(tiny(Path("unused"), autocast=autocast, stability=mode))
-        agent.update(random_batch())
+        learner = _learner(tiny(Path("unused"), autocast=autocast, stability=mode))
+        learner.learn(random_batch())
         with torch.no_grad():
-            agent.online.trunk[3].weight.mul_(1e6)
-        agent.update(random_batch())
-        fired[autocast] = [f.name for f in stab.sentinel.report()]
+            learner.agent.online.trunk[3].weight.mul_(1e6)
+        learner.learn(random_batch())
+        fired[autocast] = [f.name for f in learner.stability.sentinel.report()]
     assert fired["none"] == []
     assert fired["fp16"][0] == "trunk", fired["fp16"][:4]
 
 
 def test_float16_overflow_halts_the_trainer_and_names_the_trunk(tmp_path):
-    def blow_up(stab, agent):
+    def blow_up(learner):
         with torch.no_grad():
-            agent.online.trunk[3].weight.mul_(1e6)
+            learner.agent.online.trunk[3].weight.mul_(1e6)
 
     out = tmp_path / "run"
     with pytest.raises(TrainingHalted, match="sentinel slot 'trunk' fired first"):
