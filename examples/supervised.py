@@ -1,5 +1,6 @@
 """An ordinary supervised PyTorch loop guarded by trimtab: the optimizer, the gradient clip,
-the sentinel and a clamp on one activation, each a line or two, every bound measured.
+the sentinel and a measured clamp on one activation (an AdaptiveBounds layer), each a line or
+two, every bound measured.
 
     python examples/supervised.py --steps 500
 """
@@ -13,20 +14,19 @@ from torch import nn
 
 import trimtab
 import trimtab.optim
+from trimtab.bounds import AdaptiveBounds, BoundClamp
 from trimtab.clip import AdaptiveGradClip
 
 
 class MLP(nn.Module):
-    def __init__(self, features: int = 32, hidden: int = 64) -> None:
+    def __init__(self, clamp: nn.Module, features: int = 32, hidden: int = 64) -> None:
         super().__init__()
         self.fc1 = nn.Linear(features, hidden)
+        self.clamp = clamp  # trimtab: measure, check, then clamp the pre-activation
         self.fc2 = nn.Linear(hidden, 1)
 
-    def forward(self, x: torch.Tensor, guard=None) -> torch.Tensor:
-        z = self.fc1(x)
-        if guard is not None:
-            guard(z)  # trimtab: check, then clamp the pre-activation at its measured p99
-        return self.fc2(torch.relu(z)).squeeze(-1)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.clamp(self.fc1(x)))).squeeze(-1)
 
 
 def main(steps: int = 500, device: str = "cpu", seed: int = 0) -> float:
@@ -34,7 +34,11 @@ def main(steps: int = 500, device: str = "cpu", seed: int = 0) -> float:
     features = 32
     true_w = torch.zeros(features, device=device)
     true_w[:4] = torch.tensor([2.0, -1.0, 0.5, 3.0])  # only four input features matter
-    net = MLP(features).to(device)
+    sentinel = trimtab.Sentinel(device)
+    # trimtab: the activation bound (p99 |pre-activation| -> engagement raise -> adaptive EMA ->
+    # slot), checked into sentinel slot "fc1_pre" before each clamp
+    bounds = AdaptiveBounds(["fc1_pre"], device=device, sentinel=sentinel)
+    net = MLP(BoundClamp(bounds, "fc1_pre"), features).to(device)
 
     # trimtab: optimizer (weight clamp, adaptive decay; L1 on the input layer), clip, sentinel.
     opt = trimtab.optim.Adam(
@@ -45,30 +49,21 @@ def main(steps: int = 500, device: str = "cpu", seed: int = 0) -> float:
         lr=3e-3,
     )
     clip = AdaptiveGradClip(net.parameters())
-    sentinel = trimtab.Sentinel()
-    sentinel.add("loss", lambda: loss.detach(), phase="forward")
+    sentinel.add("loss", lambda: loss.detach(), phase="loss")
     for name, p in net.named_parameters():
         sentinel.add(f"grad.{name}", lambda p=p: p.grad, phase="backward")
-    sentinel.add("fc1.pre", None)  # fed by guard_ below
-    # The activation bound is a state-vector slot: the EMA of the p99 |pre-activation|.
-    sv = trimtab.StateVector([trimtab.Slot("act_bound")], device=device)
-    act_ema = trimtab.AdaptiveEMA(1, device=device)
-
-    def guard(z: torch.Tensor) -> None:
-        with torch.no_grad():
-            sv["act_bound"].copy_(act_ema.update(trimtab.abs_quantile(z, 0.99).reshape(1))[0])
-            trimtab.guard_(z, sv["act_bound"], sentinel, "fc1.pre")
 
     for _ in range(steps):
         x = torch.randn(256, features, device=device)
         y = x @ true_w + 0.1 * torch.randn(256, device=device)
-        loss = nn.functional.mse_loss(net(x, guard), y)
-        sentinel.check("forward")
+        loss = nn.functional.mse_loss(net(x), y)  # trimtab: the clamp layer measures and clamps
+        sentinel.check("loss")
         opt.zero_grad()
         loss.backward()
         sentinel.check("backward")
         clip()  # adaptive gradient-norm clip; non-finite gradients zeroed and counted
         opt.step()
+        bounds.fold()  # trimtab: fold this step's measurement into the activation bound
     sentinel.raise_if_fired()  # the only host read of the sentinel: once, at the end
     return loss.item()
 

@@ -1,0 +1,115 @@
+"""AdaptiveBounds and BoundClamp: the measure -> clamp -> fold loop, its reset, checkpoints,
+engagement feedback and the clamp layer's gradient."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trimtab.bounds import AdaptiveBounds, BoundClamp
+from trimtab.lifecycle import Lifecycle
+from trimtab.sentinel import Sentinel
+from trimtab.state import Slot, StateVector
+
+
+def _run(bounds: AdaptiveBounds, name: str, scale: float, steps: int, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = scale * torch.randn(4096, generator=g)
+        bounds.measure(name, x)
+        bounds.clamp_(name, x)
+        bounds.fold()
+
+
+def test_bound_tracks_the_p99_and_clamps_about_one_percent():
+    b = AdaptiveBounds(["a", "b"])
+    _run(b, "a", 5.0, 200)
+    assert float(b.values[0]) == pytest.approx(5.0 * 2.5758, rel=0.03)
+    assert math.isnan(float(b.values[1]))  # never measured: unset, clamps nothing
+    assert math.isnan(float(b.bound("b"))) and float(b.read("b")) == pytest.approx(b.floor)
+    assert float(b.engaged_rates()[0]) == pytest.approx(0.01, abs=0.004)
+
+
+def test_first_step_reads_its_own_measurement_and_reset_forgets_everything():
+    with Lifecycle() as life:
+        b = AdaptiveBounds(["a"], name="act")
+    x = 3.0 * torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    b.measure("a", x)
+    from trimtab.quantile import abs_quantile
+
+    assert torch.equal(b.bound("a"), abs_quantile(x, 0.99))  # unset slot: this step's value
+    _run(b, "a", 5.0, 100)
+    assert "act: unset bounds ['a']" in "\n".join(life.describe())
+    life.fold_boundary()
+    fresh = AdaptiveBounds(["a"])
+    for k, v in fresh.state_dict().items():
+        got = b.state_dict()[k]
+        if isinstance(v, torch.Tensor):
+            torch.testing.assert_close(got, v, rtol=0, atol=0, equal_nan=True)
+    _run(b, "a", 0.01, 1, seed=5)
+    _run(fresh, "a", 0.01, 1, seed=5)
+    assert torch.equal(b.values, fresh.values)
+
+
+def test_a_stale_bound_is_raised_by_the_engagement_test():
+    b = AdaptiveBounds(["a"])
+    _run(b, "a", 1.0, 50)
+    before = float(b.values[0])
+    # the data jump x20 while the quantile estimate lags: most elements clamp, the test fires
+    _run(b, "a", 20.0, 3, seed=9)
+    assert float(b.engagement.rate[0]) > 0 or float(b.values[0]) > 10 * before
+
+
+def test_state_dict_round_trip_continues_identically():
+    a = AdaptiveBounds(["x", "y"])
+    _run(a, "x", 2.0, 20)
+    b = AdaptiveBounds(["x", "y"])
+    b.load_state_dict(a.state_dict())
+    _run(a, "x", 3.0, 5, seed=3)
+    _run(b, "x", 3.0, 5, seed=3)
+    torch.testing.assert_close(a.values, b.values, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="do not match"):
+        AdaptiveBounds(["x"]).load_state_dict(a.state_dict())
+
+
+def test_slots_must_be_declared_consecutively_in_a_shared_state_vector():
+    sv = StateVector([*AdaptiveBounds.slots(["a", "b"]), Slot("other")])
+    AdaptiveBounds(["a", "b"], state=sv)
+    split = StateVector([Slot("a_bound"), Slot("other"), Slot("b_bound")])
+    with pytest.raises(ValueError, match="consecutive"):
+        AdaptiveBounds(["a", "b"], state=split)
+    with pytest.raises(KeyError, match=r"AdaptiveBounds\.slots"):
+        AdaptiveBounds(["c"], state=sv)
+    with pytest.raises(ValueError, match="unique"):
+        AdaptiveBounds(["a", "a"])
+
+
+def test_clamp_checks_into_the_sentinel_before_sanitising():
+    s = Sentinel("cpu")
+    b = AdaptiveBounds(["h"], sentinel=s)
+    x = torch.randn(100)
+    x[3] = math.nan
+    b.measure("h", x)
+    b.clamp_("h", x)
+    assert torch.isfinite(x).all()  # sanitised ...
+    fired = s.report()
+    assert fired and fired[0].name == "h" and fired[0].kind == "nan"  # ... after the check
+
+
+def test_bound_clamp_layer_measures_only_the_training_forward_and_masks_the_gradient():
+    b = AdaptiveBounds(["h"])
+    layer = BoundClamp(b, "h")
+    h = (torch.randn(64, 32) * 4).requires_grad_()
+    y = layer(h)
+    bound = float(b.bound("h"))
+    assert float(y.detach().abs().max()) <= bound + 1e-6
+    y.sum().backward()
+    assert torch.equal(h.grad, (h.detach().abs() <= bound).float())
+    b.fold()
+    seen = b.engagement.seen_total.clone()
+    with torch.no_grad():
+        layer(torch.randn(64, 32) * 100)  # an acting forward: clamps, counts nothing
+    b.fold()
+    assert torch.equal(b.engagement.seen_total, seen)
