@@ -28,7 +28,7 @@ from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent import DQNAgent
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.env import BatchedTradingEnv
-from trimtab.rl.stability import Stability
+from trimtab.rl.learner import build_learner
 from trimtab.rl.walkforward import fold_arrays, load_market, make_folds
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "trainer.json"
@@ -51,13 +51,8 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple[Any, ...]:
     )  # fmt: skip
     n = market.features.shape[1]
     with Lifecycle():
-        stab = Stability(cfg, n_branches=n, device=device)
-        agent = DQNAgent(
-            env.obs_dim, [len(cfg.env.levels)] * n, cfg.agent, device,
-            optimizer_factory=stab.optimizer_factory, support_fn=stab.support_fn,
-        )  # fmt: skip
-        stab.attach(agent)
-    return env, agent, stab, agent.make_replay()
+        learner = build_learner(cfg, env.obs_dim, [len(cfg.env.levels)] * n, device)
+    return env, learner, learner.agent.make_replay()
 
 
 def collect(env: BatchedTradingEnv, agent: DQNAgent, replay: Any, obs: torch.Tensor, n: int):
@@ -72,17 +67,18 @@ def collect(env: BatchedTradingEnv, agent: DQNAgent, replay: Any, obs: torch.Ten
 def prepare(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
     """One mode's agent, warmed up (kernels compiled, tables built, moments allocated), with its
     environment steps/s measured."""
-    env, agent, _, replay = build(cfg, device)
+    env, learner, replay = build(cfg, device)
+    agent = learner.agent
     gen = torch.Generator(device=device).manual_seed(0)
     obs = collect(env, agent, replay, env.reset(), 64)
     for _ in range(10):
-        agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+        learner.learn(replay.sample(cfg.agent.batch_size, gen), replay)
     _sync(device)
     t0 = time.perf_counter()
     obs = collect(env, agent, replay, obs, 64)
     _sync(device)
     rate = 64 * env.n_envs / (time.perf_counter() - t0)
-    return {"cfg": cfg, "env": env, "agent": agent, "replay": replay, "gen": gen, "obs": obs,
+    return {"cfg": cfg, "env": env, "learner": learner, "replay": replay, "gen": gen, "obs": obs,
             "env_steps_per_s": rate, "times": []}  # fmt: skip
 
 
@@ -90,7 +86,7 @@ def time_updates(m: dict[str, Any], device: torch.device, steps: int) -> float:
     _sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        m["agent"].update(m["replay"].sample(m["cfg"].agent.batch_size, m["gen"]), m["replay"])
+        m["learner"].learn(m["replay"].sample(m["cfg"].agent.batch_size, m["gen"]), m["replay"])
     _sync(device)
     return (time.perf_counter() - t0) / steps
 
@@ -112,19 +108,19 @@ def measure_all(cfgs: dict[str, TrainConfig], device: torch.device, steps: int, 
                       "round_ms": [round(t * 1e3, 3) for t in m["times"]]}  # fmt: skip
         if device.type == "cuda":
             rows[name]["sync_free"] = sync_free(
-                m["env"], m["agent"], m["replay"], m["obs"], m["gen"], m["cfg"]
+                m["env"], m["learner"], m["replay"], m["obs"], m["gen"], m["cfg"]
             )
     return rows
 
 
-def sync_free(env, agent, replay, obs, gen, cfg) -> str:
+def sync_free(env, learner, replay, obs, gen, cfg) -> str:
     """Run collect + guarded update under set_sync_debug_mode("error"): 'yes' or the error."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(5):
-            obs = collect(env, agent, replay, obs, 1)
-            agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+            obs = collect(env, learner.agent, replay, obs, 1)
+            learner.learn(replay.sample(cfg.agent.batch_size, gen), replay)
         return "yes"
     except RuntimeError as e:
         import traceback

@@ -58,8 +58,8 @@ def _warm(mode: str, device: torch.device) -> Callable[[], None]:
     """One gradient step of the default config in ``mode``, warmed up as bench_trainer does."""
     cfg = TrainConfig()
     m = bench_trainer.prepare(replace(cfg, run=replace(cfg.run, stability=mode)), device)
-    agent, replay, gen = m["agent"], m["replay"], m["gen"]
-    return lambda: agent.update(replay.sample(cfg.agent.batch_size, gen), replay)
+    learner, replay, gen = m["learner"], m["replay"], m["gen"]
+    return lambda: learner.learn(replay.sample(cfg.agent.batch_size, gen), replay)
 
 
 def profile(mode: str, device: torch.device) -> dict:

@@ -52,12 +52,13 @@ def cell(
         "run": {"seed": seed, "stability": mode, "device": device, "progress": False,
                 "checkpoint_every": 10**9, "log_every": 50, "autocast": autocast},
         "data": {"stress": stress},
-        "walkforward": {"steps_per_fold": steps, "learning_starts": min(200, steps)},
+        # learning_starts in env steps summed over the 16 envs: 200 batched steps
+        "walkforward": {"steps_per_fold": steps, "learning_starts": 16 * min(200, steps)},
         "env": {"reward_scale": scale},
     }  # fmt: skip
     if quick:
         base["data"]["synthetic_days"] = 400
-        base["walkforward"].update(folds=2, learning_starts=4)
+        base["walkforward"].update(folds=2, learning_starts=64)  # 4 batched steps
         base["agent"] = {"hidden": 16, "batch_size": 16, "n_tau": 2, "n_tau_target": 2}
     base = apply_overrides(base, overrides)
     with tempfile.TemporaryDirectory() as tmp:

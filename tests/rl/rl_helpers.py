@@ -15,7 +15,7 @@ TINY = {
     "run": {"progress": False, "checkpoint_every": 1000, "log_every": 4},
     "data": {"synthetic_days": 300},
     "env": {"n_envs": 4, "episode_days": 16},
-    "walkforward": {"folds": 1, "steps_per_fold": 12, "learning_starts": 3},
+    "walkforward": {"folds": 1, "steps_per_fold": 12, "learning_starts": 12},  # 3 x 4 envs
     "agent": {"batch_size": 16, "hidden": 16, "n_atoms": 11, "n_tau": 4, "n_tau_target": 4,
               "iqn_embed": 8, "replay_capacity": 1000, "target_update_period": 5},
 }  # fmt: skip
@@ -29,22 +29,19 @@ def tiny(out: Path, steps_per_fold: int = 12, **run: object) -> TrainConfig:
     return from_dict(TrainConfig, data)
 
 
-def wired_agent(cfg, obs_dim: int = 5, branches: int = 2):
-    """A DQN agent with ``cfg``'s stability wiring attached, as the trainer builds it."""
+def wired_learner(cfg, obs_dim: int = 5, branches: int = 2):
+    """The learner of ``cfg`` (branches of 3 actions), built as the trainer builds it."""
     from trimtab.lifecycle import Lifecycle
-    from trimtab.rl.agent import DQNAgent
-    from trimtab.rl.config import AUTOCAST_DTYPES
-    from trimtab.rl.stability import Stability
+    from trimtab.rl.learner import build_learner
 
     with Lifecycle():
-        stab = Stability(cfg, n_branches=branches, device=torch.device("cpu"))
-        agent = DQNAgent(
-            obs_dim, [3] * branches, cfg.agent,
-            optimizer_factory=stab.optimizer_factory, support_fn=stab.support_fn,
-            autocast=AUTOCAST_DTYPES[cfg.run.autocast],
-        )  # fmt: skip
-        stab.attach(agent)
-    return stab, agent
+        return build_learner(cfg, obs_dim, [3] * branches, torch.device("cpu"))
+
+
+def wired_agent(cfg, obs_dim: int = 5, branches: int = 2):
+    """``(stability, agent)`` of :func:`wired_learner`."""
+    learner = wired_learner(cfg, obs_dim, branches)
+    return learner.stability, learner.agent
 
 
 def random_batch(obs_dim: int = 5, branches: int = 2, n: int = 16) -> dict[str, torch.Tensor]:

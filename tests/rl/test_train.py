@@ -18,7 +18,7 @@ TINY = {
     "run": {"progress": False, "checkpoint_every": 10, "log_every": 5},
     "data": {"synthetic_days": 420},
     "env": {"n_envs": 4, "episode_days": 16},
-    "walkforward": {"folds": 2, "steps_per_fold": 30, "learning_starts": 4},
+    "walkforward": {"folds": 2, "steps_per_fold": 30, "learning_starts": 16},  # 4 x 4 envs
     "agent": {"batch_size": 16, "hidden": 16, "n_atoms": 11, "n_tau": 4, "n_tau_target": 4,
               "iqn_embed": 8, "replay_capacity": 2000, "target_update_period": 10},
 }  # fmt: skip

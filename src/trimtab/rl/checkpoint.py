@@ -17,8 +17,9 @@ import torch
 
 __all__ = ["CheckpointError", "atomic_write_bytes", "atomic_write_text", "load", "save"]
 
-#: Bumped when the checkpoint's top-level layout changes.
-CHECKPOINT_FORMAT = 1
+#: Bumped when the checkpoint's top-level layout changes (2: the one runner's layout, with
+#: ``learner_keys`` and ``fold_state``; env steps counted summed over envs).
+CHECKPOINT_FORMAT = 2
 
 
 class CheckpointError(ValueError):
@@ -78,8 +79,11 @@ def load(
             "it may be truncated or not a trimtab checkpoint"
         ) from None
     if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
+        found = blob.get("format") if isinstance(blob, dict) else None
         raise CheckpointError(
-            f"checkpoint {path} is not a trimtab checkpoint of format {CHECKPOINT_FORMAT}"
+            f"checkpoint {path} is not a trimtab checkpoint of format {CHECKPOINT_FORMAT} "
+            f"(found format {found}): it was written by another trimtab version or another "
+            "program; use the version that wrote it, or start a new run"
         )
     if fingerprint is not None and blob["fingerprint"] != fingerprint:
         raise CheckpointError(

@@ -27,10 +27,13 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "train",
         help="walk-forward distributional DQN on the embedded market, OHLCV files or a Gym env",
-        description="Train fold after fold; each fold is tested out of sample on the next window.",
+        description="Train fold after fold; each fold is tested out of sample on the next window "
+        "(a Gymnasium env is one fold, evaluated greedily at its end).",
     )
     p.add_argument(
-        "--config", type=Path, help="TOML file with [run], [data], [env], [walkforward], [agent]"
+        "--config",
+        type=Path,
+        help="TOML file with [run], [env], [agent], and [data], [walkforward] (market) or [gym]",
     )
     p.add_argument(
         "--set",
@@ -121,16 +124,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = build_config(args)
         resume = False
-    if cfg.env.name.startswith("gym:"):
-        from trimtab.rl.gym_train import train_gym
-
-        summary = train_gym(cfg)
-        print(json.dumps(summary["eval"], indent=2))
-        return 0
     from trimtab.rl.train import train
 
     summary = train(cfg, resume=resume)
-    print(format_fold_table(summary))
+    if cfg.env.name.startswith("gym:"):
+        print(json.dumps(summary["eval"], indent=2))
+    else:
+        print(format_fold_table(summary))
     print(f"run directory: {summary['run_dir']}  (report: {summary['run_dir']}/report.html)")
     return 0
 

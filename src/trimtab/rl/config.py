@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 import torch
 
 from trimtab.rl.agent import AgentConfig
+from trimtab.rl.configio import ConfigError
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -92,13 +93,16 @@ class DataConfig:
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "market"  # "market", or "gym:ID" for a Gymnasium env (e.g. gym:CartPole-v1)
-    levels: tuple[float, ...] = (-1.0, 0.0, 1.0)  # target position per asset: short, flat, long
-    cost_bps: float = 1.0  # transaction cost per unit of turnover, in basis points
-    # training rewards (what the replay stores) are the net log returns times this; metrics and
-    # evaluation always use the unscaled returns (a stress knob: rewards x100 as in a P&L unit)
+    # market only: target position per asset (short, flat, long) and the transaction cost per
+    # unit of turnover, in basis points
+    levels: tuple[float, ...] = (-1.0, 0.0, 1.0)
+    cost_bps: float = 1.0
+    # every env: training rewards (what the replay stores) are the env's rewards times this;
+    # metrics, episode returns and evaluation always use the unscaled rewards (a stress knob:
+    # market rewards x100 as in a P&L unit)
     reward_scale: float = 1.0
-    n_envs: int = 16  # environments stepped together
-    episode_days: int = 64  # trading days per training episode
+    n_envs: int = 16  # environments stepped together (market or Gymnasium)
+    episode_days: int = 64  # trading days per training episode (market only)
 
     def __post_init__(self) -> None:
         bad = []
@@ -118,7 +122,10 @@ class WalkForwardConfig:
     folds: int = 4  # fold k trains on window k and is tested on window k + 1
     window_days: int = 0  # days per window; 0 = split the data evenly into folds + 1 windows
     steps_per_fold: int = 2500  # gradient steps per fold
-    learning_starts: int = 500  # env steps (per env batch) collected before the first update
+    # env steps, summed over the env.n_envs envs (as every env-step count of the trainer: ε,
+    # gym.total_steps), collected in a fold before its first update (each fold has a fresh
+    # replay buffer); 8000 = 500 batched steps of the default 16 envs
+    learning_starts: int = 8000
     updates_per_step: int = 1  # gradient steps per batched env step once learning has started
 
     def __post_init__(self) -> None:
@@ -134,18 +141,18 @@ class WalkForwardConfig:
 
 @dataclass(frozen=True)
 class GymConfig:
-    """Training on a Gymnasium env (``env.name = "gym:ID"``): one long run, no folds."""
+    """Training on a Gymnasium env (``env.name = "gym:ID"``): one long run, one "fold"; the
+    number of envs stepped together is ``env.n_envs``."""
 
-    total_steps: int = 500_000  # environment steps (summed over the vector envs)
-    n_envs: int = 4  # Gymnasium envs stepped together (SyncVectorEnv)
-    learning_starts: int = 10_000  # environment steps before the first update
-    train_every: int = 4  # environment steps (summed) between gradient steps
+    total_steps: int = 500_000  # env steps, summed over the env.n_envs envs
+    learning_starts: int = 10_000  # env steps (summed, as [walkforward]) before the first update
+    train_every: int = 4  # env steps (summed) per gradient step
     eval_episodes: int = 100  # greedy episodes at the end
 
     def __post_init__(self) -> None:
         bad = []
-        if min(self.total_steps, self.n_envs, self.train_every, self.eval_episodes) < 1:
-            bad.append("total_steps, n_envs, train_every and eval_episodes must be >= 1")
+        if min(self.total_steps, self.train_every, self.eval_episodes) < 1:
+            bad.append("total_steps, train_every and eval_episodes must be >= 1")
         if self.learning_starts < 0:
             bad.append("learning_starts must be >= 0")
         _check(bad, "gym")
@@ -153,7 +160,8 @@ class GymConfig:
 
 def _default_agent() -> AgentConfig:
     # Daily rewards are ~1e-2: a shorter horizon than Atari's 0.99 and a smaller net suffice,
-    # and the ε schedule is sized to the default 4 x 2500 steps. 8 IQN quantiles (the paper
+    # and the ε schedule (in env steps summed over the 16 envs: 4000 batched steps) is sized to
+    # the default 4 x 2500 steps. 8 IQN quantiles (the paper
     # uses 64) keep the auxiliary loss from dominating the step time on a 2-core CPU.
     return AgentConfig(
         gamma=0.95,
@@ -163,7 +171,7 @@ def _default_agent() -> AgentConfig:
         n_tau=8,
         n_tau_target=8,
         target_update_period=500,
-        eps_decay_steps=4000,
+        eps_decay_steps=64_000,
         hidden=128,
         depth=2,
         replay_capacity=50_000,
@@ -178,3 +186,52 @@ class TrainConfig:
     walkforward: WalkForwardConfig = field(default_factory=WalkForwardConfig)
     gym: GymConfig = field(default_factory=GymConfig)
     agent: AgentConfig = field(default_factory=_default_agent)
+
+    def __post_init__(self) -> None:
+        refused = inapplicable_keys(self)
+        if refused:
+            kind = "Gymnasium" if self.env.name.startswith("gym:") else "market"
+            one = len(refused) == 1
+            raise ConfigError(
+                f"{'; '.join(refused)}: {'does' if one else 'do'} nothing in a {kind} run "
+                f"(env.name = {self.env.name!r}); remove {'it' if one else 'them'} from the "
+                "config file, --set or the flags (--folds, --steps-per-fold, --data, --stress), "
+                f"or set env.name to the env {'it is' if one else 'they are'} for"
+            )
+
+
+#: what to set instead, for a key of the other kind of env
+_COUNTERPARTS = {
+    "walkforward.learning_starts": "gym.learning_starts",
+    "walkforward.steps_per_fold": "gym.total_steps",
+    "walkforward.updates_per_step": "gym.train_every",
+    "gym.learning_starts": "walkforward.learning_starts",
+    "gym.total_steps": "walkforward.steps_per_fold",
+    "gym.train_every": "walkforward.updates_per_step",
+}
+#: [env] keys that every env uses; the others configure the market
+_ENV_SHARED = ("name", "n_envs", "reward_scale")
+
+
+def _changed(section: Any, default: Any, prefix: str, keep: tuple[str, ...] = ()) -> list[str]:
+    out = []
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if f.name not in keep and value != getattr(default, f.name):
+            key = f"{prefix}.{f.name}"
+            hint = f" (its counterpart: {_COUNTERPARTS[key]})" if key in _COUNTERPARTS else ""
+            out.append(f"{key} = {value!r}{hint}")
+    return out
+
+
+def inapplicable_keys(cfg: TrainConfig) -> list[str]:
+    """Keys set away from their default that ``cfg.env.name``'s kind of run would not use:
+    [data], [walkforward] and the market's [env] keys for a Gymnasium env, [gym] for the
+    market. (A key set to its default value is indistinguishable from one not set.)"""
+    if cfg.env.name.startswith("gym:"):
+        return (
+            _changed(cfg.data, DataConfig(), "data")
+            + _changed(cfg.env, EnvConfig(), "env", keep=_ENV_SHARED)
+            + _changed(cfg.walkforward, WalkForwardConfig(), "walkforward")
+        )
+    return _changed(cfg.gym, GymConfig(), "gym")

@@ -16,7 +16,7 @@ import numpy as np
 
 from trimtab.rl.checkpoint import atomic_write_text
 
-__all__ = ["ReportError", "build_report"]
+__all__ = ["ReportError", "build_report", "format_fold_table"]
 
 _PREFIXES = {
     "loss/": ("losses.png", "Training losses", "loss", True),
@@ -47,7 +47,7 @@ def _plot_equity(run: Path, summary: dict[str, Any], out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     folds = summary.get("folds", [])
-    if not folds:
+    if not folds or not _market(summary):  # a Gymnasium run has no equity curve
         return None
     n = len(folds)
     cols = min(n, 3)
@@ -120,21 +120,41 @@ def _plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> 
     return path
 
 
-def _fold_table(summary: dict[str, Any]) -> str:
-    cols = [
-        ("fold", "{}"),
-        ("test_start", "{}"),
-        ("test_end", "{}"),
-        ("sharpe", "{:.2f}"),
-        ("buy_hold_sharpe", "{:.2f}"),
-        ("total_return", "{:+.1%}"),
-        ("buy_hold_return", "{:+.1%}"),
-        ("max_drawdown", "{:.1%}"),
-        ("turnover", "{:.3f}"),
-        ("hit_rate", "{:.1%}"),
-        ("steps", "{}"),
-        ("nonfinite", "{}"),
+def format_fold_table(summary: dict[str, Any]) -> str:
+    """A market run's out-of-sample results per fold as a markdown table (printed at the end
+    of a run, used in README)."""
+    head = (
+        "| fold | test window | Sharpe | B&H Sharpe | return | B&H return | max DD | turnover "
+        "| hit rate | steps | non-finite |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [
+        f"| {r['fold']} | {r['test_start']} … {r['test_end']} | {r['sharpe']:+.2f} | "
+        f"{r['buy_hold_sharpe']:+.2f} | {r['total_return']:+.1%} | {r['buy_hold_return']:+.1%} | "
+        f"{r['max_drawdown']:.1%} | {r['turnover']:.3f} | {r['hit_rate']:.1%} | {r['steps']} | "
+        f"{r['nonfinite']} |"
+        for r in summary["folds"]
     ]
+    return "\n".join([head, *rows])
+
+
+#: the columns of a market run's out-of-sample results per fold
+_MARKET_COLUMNS = [("fold", "{}"), ("test_start", "{}"), ("test_end", "{}"),
+                   ("sharpe", "{:.2f}"), ("buy_hold_sharpe", "{:.2f}"),
+                   ("total_return", "{:+.1%}"), ("buy_hold_return", "{:+.1%}"),
+                   ("max_drawdown", "{:.1%}"), ("turnover", "{:.3f}"), ("hit_rate", "{:.1%}"),
+                   ("steps", "{}"), ("nonfinite", "{}")]  # fmt: skip
+#: the columns of a Gymnasium run's greedy evaluation (its one "fold")
+_GYM_COLUMNS = [("fold", "{}"), ("episodes", "{}"), ("mean_return", "{:.1f}"),
+                ("std_return", "{:.1f}"), ("min_return", "{:.1f}"), ("max_return", "{:.1f}"),
+                ("steps", "{}"), ("nonfinite", "{}")]  # fmt: skip
+
+
+def _market(summary: dict[str, Any]) -> bool:
+    return not str(summary.get("env", "market")).startswith("gym:")
+
+
+def _fold_table(summary: dict[str, Any]) -> str:
+    cols = _MARKET_COLUMNS if _market(summary) else _GYM_COLUMNS
     head = "".join(f"<th>{c}</th>" for c, _ in cols)
     body = []
     for f in summary.get("folds", []):
@@ -192,12 +212,17 @@ def build_report(run_dir: str | Path) -> Path:
         else:
             sentinel = "<h2>Sentinel</h2><p>No slot fired.</p>"
     title = html.escape(run.name)
+    if _market(summary):
+        note = " Sharpe: annualised, mean/std of daily net simple returns × √252."
+        heading = "Out-of-sample results per fold"
+    else:
+        note, heading = "", "Greedy evaluation"
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>trimtab run {title}</title>
 <style>{_CSS}</style>
 </head><body><h1>trimtab run: {html.escape(run.name)}</h1>
-<p>Stability mode: <b>{html.escape(str(summary.get("stability")))}</b>.
-Sharpe: annualised, mean/std of daily net simple returns × √252.</p>{status}
-<h2>Out-of-sample results per fold</h2>{_fold_table(summary)}{sentinel}<h2>Plots</h2>{figs}
+<p>Environment: <b>{html.escape(str(summary.get("env", "market")))}</b>.
+Stability mode: <b>{html.escape(str(summary.get("stability")))}</b>.{note}</p>{status}
+<h2>{heading}</h2>{_fold_table(summary)}{sentinel}<h2>Plots</h2>{figs}
 </body></html>
 """
     out = run / "report.html"

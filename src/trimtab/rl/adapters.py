@@ -1,0 +1,279 @@
+"""The environments the runner trains on, behind one interface: walk-forward market folds
+(a :class:`BatchedTradingEnv` per fold, tested out of sample) and a Gymnasium env (one "fold").
+
+An adapter knows its folds, opens a fold's envs, steps them with device tensors in and out,
+saves and restores a fold mid-way (for ``--resume``), and evaluates the greedy policy at a
+fold's end. It never learns: the runner does that, the same way for every adapter.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.configio import ConfigError
+
+__all__ = ["EnvStep", "FoldPlan", "GymAdapter", "MarketAdapter", "make_adapter"]
+
+
+class EnvStep(NamedTuple):
+    """One step of ``E`` envs, as device tensors. ``reward`` is the env's own (unscaled);
+    ``final_obs`` is the true successor also where an episode ended (the next episode's first
+    observation is in ``obs``); ``episode_return [E]`` is the unscaled return of the episode
+    that ended at this step, read only where ``terminated | truncated``."""
+
+    obs: Tensor
+    reward: Tensor
+    final_obs: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    episode_return: Tensor
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """How long fold ``index`` trains: ``max_updates`` gradient steps (market) or
+    ``max_env_steps`` env steps summed over envs (Gymnasium); learning waits for
+    ``learning_starts`` env steps. ``expected_updates`` sizes the progress bar."""
+
+    index: int
+    learning_starts: int
+    expected_updates: int
+    max_updates: int | None = None
+    max_env_steps: int | None = None
+
+    def updates_done(self, fold_step: int) -> bool:
+        return self.max_updates is not None and fold_step >= self.max_updates
+
+    def done(self, fold_step: int, env_steps: int) -> bool:
+        full = self.max_env_steps is not None and env_steps >= self.max_env_steps
+        return full or self.updates_done(fold_step)
+
+
+def make_adapter(cfg: TrainConfig, device: torch.device) -> MarketAdapter | GymAdapter:
+    """The adapter of ``cfg.env.name``; bad data or an unknown Gymnasium id raise here, before
+    a run directory exists."""
+    if cfg.env.name.startswith("gym:"):
+        return GymAdapter(cfg, device)
+    return MarketAdapter(cfg, device)
+
+
+class MarketAdapter:
+    """Walk-forward folds: fold k trains a fresh :class:`BatchedTradingEnv` on window k
+    (features normalised with window k's statistics) and is evaluated greedily on window k+1."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        from trimtab.rl.walkforward import load_market, make_folds
+
+        self.cfg, self.device = cfg, device
+        self.market = load_market(cfg)  # a DataError here leaves no run directory behind
+        self.folds = make_folds(self.market.n_days, cfg)
+        self.n_folds, self.n_envs = len(self.folds), cfg.env.n_envs
+        n_assets, n_features = self.market.features.shape[1:]
+        self.obs_dim = n_assets * n_features + n_assets  # features and the position held
+        self.branch_sizes = [len(cfg.env.levels)] * n_assets
+        self.env: Any = None
+        self.feats: np.ndarray | None = None
+        self.norm: Any = None
+
+    def plan(self, k: int) -> FoldPlan:
+        wf = self.cfg.walkforward
+        return FoldPlan(k, wf.learning_starts, wf.steps_per_fold, max_updates=wf.steps_per_fold)
+
+    def updates_due(self, before: int, after: int) -> int:
+        """Gradient steps after a batched env step that took the fold from ``before`` to
+        ``after`` env steps (once learning has started)."""
+        return self.cfg.walkforward.updates_per_step
+
+    def open_fold(self, k: int, seed: int) -> Tensor:
+        from trimtab.rl.env import BatchedTradingEnv
+        from trimtab.rl.walkforward import fold_arrays
+
+        fold, env_cfg = self.folds[k], self.cfg.env
+        self.feats, self.norm = fold_arrays(self.market, fold)
+        a, b = fold.train_start, fold.train_end
+        self.env = BatchedTradingEnv(
+            self.feats[a:b], self.market.log_returns[a:b], n_envs=env_cfg.n_envs,
+            window_len=min(env_cfg.episode_days, b - a - 1), levels=env_cfg.levels,
+            cost_bps=env_cfg.cost_bps, device=self.device, seed=seed,
+        )  # fmt: skip
+        return self.env.reset()
+
+    def step(self, action: Tensor) -> EnvStep:
+        r = self.env.step(action)
+        return EnvStep(r.obs, r.reward, r.final_obs, r.terminated, r.truncated, r.episode_return)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.env.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.env.load_state_dict(state)
+
+    def normalizer_state(self) -> dict[str, Any]:
+        return self.norm.state_dict()
+
+    def evaluate(self, agent: Any, k: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Greedy, out of sample on window k+1: the fold's row and its daily curves."""
+        from trimtab.rl.walkforward import evaluate_fold
+
+        def policy(obs: Tensor) -> Tensor:
+            return agent.act(obs.to(agent.device, torch.float32), 0, greedy=True)
+
+        fold = self.folds[k]
+        return evaluate_fold(self.market, fold, self.feats, policy, self.cfg, self.device)
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self.env = None
+
+
+def make_gym_env(env_id: str) -> Any:
+    import gymnasium as gym
+
+    try:
+        return gym.make(env_id)
+    except gym.error.Error as e:
+        raise ConfigError(f"--env gym:{env_id}: {e}") from None
+
+
+def branch_sizes_of(space: Any) -> list[int]:
+    """Discrete(n) actions are one branch of n; 1-D MultiDiscrete one branch per dimension."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Discrete):
+        return [int(space.n)]
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return [int(n) for n in space.nvec]
+    raise ConfigError(
+        f"the agent needs Discrete or 1-D MultiDiscrete actions; this env has {space}"
+    )
+
+
+class GymAdapter:
+    """A Gymnasium env as one fold of ``gym.total_steps`` env steps: ``env.n_envs`` copies
+    stepped in turn with same-step autoreset (the true last observation of an episode is the
+    stored successor), then ``gym.eval_episodes`` greedy episodes on a fresh env.
+
+    The envs are stepped here, not by ``gym.vector.SyncVectorEnv``, so that their state
+    (including each env's RNG) can be pickled into a checkpoint and a resumed run continues
+    exactly where the interrupted one was.
+    """
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        import gymnasium as gym
+
+        self.cfg, self.device = cfg, device
+        self.env_id = cfg.env.name.removeprefix("gym:")
+        probe = make_gym_env(self.env_id)
+        self.discrete = isinstance(probe.action_space, gym.spaces.Discrete)
+        self.branch_sizes = branch_sizes_of(probe.action_space)
+        self.obs_dim = int(np.prod(probe.observation_space.shape))
+        probe.close()
+        self.n_folds, self.n_envs = 1, cfg.env.n_envs
+        self.envs: list[Any] = []
+        self.ep_return = np.zeros(self.n_envs)
+        self.finished: deque[float] = deque(maxlen=100)  # training returns, for the summary
+
+    def plan(self, k: int) -> FoldPlan:
+        g, n = self.cfg.gym, self.n_envs
+        # env steps advance by n: learning starts at the first multiple of n >= learning_starts
+        last = -(-g.total_steps // n) * n
+        first = max(-(-g.learning_starts // n) * n, n)
+        expected = max(last // g.train_every - (first - n) // g.train_every, 0)
+        return FoldPlan(k, g.learning_starts, expected, max_env_steps=g.total_steps)
+
+    def updates_due(self, before: int, after: int) -> int:
+        """One gradient step per ``gym.train_every`` env steps (summed over envs)."""
+        every = self.cfg.gym.train_every
+        return after // every - before // every
+
+    def open_fold(self, k: int, seed: int) -> Tensor:
+        self.close()
+        self.envs = [make_gym_env(self.env_id) for _ in range(self.n_envs)]
+        self.ep_return = np.zeros(self.n_envs)
+        return self._obs([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
+
+    def _obs(self, rows: list[Any]) -> Tensor:
+        x = np.stack([np.asarray(o, dtype=np.float32).reshape(-1) for o in rows])
+        return torch.as_tensor(x, device=self.device)
+
+    def _env_actions(self, action: Tensor) -> np.ndarray:
+        a = action.cpu().numpy()
+        return a[:, 0] if self.discrete else a
+
+    def step(self, action: Tensor) -> EnvStep:
+        obs, final, rewards, term, trunc = [], [], [], [], []
+        for env, a in zip(self.envs, self._env_actions(action), strict=True):
+            o, r, te, tr, _ = env.step(a)
+            final.append(o)
+            if te or tr:  # same-step autoreset: the successor stored is the true last state
+                o, _ = env.reset()
+            obs.append(o)
+            rewards.append(float(r))
+            term.append(bool(te))
+            trunc.append(bool(tr) and not te)
+        self.ep_return += rewards
+        done = np.logical_or(term, trunc)
+        ended = self.ep_return.copy()
+        self.finished.extend(float(x) for x in ended[done])
+        self.ep_return[done] = 0.0
+        dev = self.device
+        return EnvStep(
+            self._obs(obs), torch.tensor(rewards, dtype=torch.float32, device=dev),
+            self._obs(final), torch.tensor(term, device=dev), torch.tensor(trunc, device=dev),
+            torch.as_tensor(ended, device=dev),
+        )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"envs": pickle.dumps(self.envs), "ep_return": self.ep_return.copy(),
+                "finished": list(self.finished)}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()
+        self.envs = pickle.loads(state["envs"])
+        self.ep_return = np.asarray(state["ep_return"]).copy()
+        self.finished = deque(state["finished"], maxlen=100)
+
+    def normalizer_state(self) -> None:
+        return None
+
+    def evaluate(self, agent: Any, k: int) -> tuple[dict[str, Any], None]:
+        """Undiscounted returns of ``gym.eval_episodes`` greedy episodes on a fresh env."""
+        env = make_gym_env(self.env_id)
+        returns = []
+        for ep in range(self.cfg.gym.eval_episodes):
+            obs, _ = env.reset(seed=10_000 + self.cfg.run.seed + ep)
+            total, done = 0.0, False
+            while not done:
+                a = self._env_actions(agent.act(self._obs([obs]), 0, greedy=True))[0]
+                obs, r, term, trunc, _ = env.step(a)
+                total += float(r)
+                done = term or trunc
+            returns.append(total)
+        env.close()
+        row = {"fold": k, "episodes": len(returns), "mean_return": float(np.mean(returns)),
+               "std_return": float(np.std(returns)), "min_return": float(np.min(returns)),
+               "max_return": float(np.max(returns))}  # fmt: skip
+        return row, None
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = ("episodes", "mean_return", "std_return", "min_return", "max_return")
+        recent = list(self.finished)
+        return {
+            "train_return_last100": float(np.mean(recent)) if recent else None,
+            "eval": {k: rows[-1][k] for k in keys} if rows else None,
+        }
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []

@@ -1,0 +1,257 @@
+"""``trimtab train``: one loop for every environment, read top to bottom like CleanRL's.
+
+Per fold of an environment adapter (walk-forward market folds, or one Gymnasium "fold"): act,
+env step, scale the reward, store, sample, learn, log, checkpoint; at the fold's end, evaluate
+the greedy policy. Seeding, logging, checkpoints, resume, halting and the summary live here
+once; every learning step goes through :mod:`trimtab.rl.learner`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trimtab.lifecycle import Lifecycle
+from trimtab.rl import checkpoint as ckpt
+from trimtab.rl.adapters import FoldPlan, make_adapter
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.learner import Learner, build_learner
+from trimtab.rl.report import build_report
+from trimtab.rl.rundir import (
+    MetricsLog,
+    Progress,
+    TrainingHalted,
+    TrainingInterrupted,
+    default_out,
+    load_checkpoint,
+    prepare_run_dir,
+    resolve_device,
+    save_checkpoint,
+    write_fold_curve,
+)
+
+__all__ = ["fold_seeds", "train"]
+
+#: metrics.csv columns of the learner's info dict (those the learner returns)
+_INFO_COLUMNS = {"loss/total": "loss", "loss/c51": "c51_loss", "loss/iqn": "iqn_loss",
+                 "q_mean": "q_mean"}  # fmt: skip
+
+
+def fold_seeds(seed: int, fold: int) -> tuple[int, int]:
+    """The seeds of fold ``fold`` of a run seeded ``seed``: its envs, and its replay sampling.
+    (``run.seed`` also seeds torch, the agent and, unless ``data.market_seed``, the market.)"""
+    return seed * 1009 + fold, seed * 7919 + fold
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    setup: Callable[[Learner], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) a training run on ``cfg.env.name``; returns the summary written to disk.
+
+    ``stop_after`` (raise :class:`TrainingInterrupted` at the end of the batched env step in
+    which that many gradient steps are done) and ``setup`` (called with the built
+    :class:`~trimtab.rl.learner.Learner`) are test hooks.
+    """
+    if not cfg.run.out:
+        cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
+    device = resolve_device(cfg.run.device)
+    torch.set_num_threads(cfg.run.threads)
+    adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
+    run_dir = prepare_run_dir(cfg, resume)
+    torch.manual_seed(cfg.run.seed)
+    with Lifecycle() as life:
+        learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
+    if setup is not None:
+        setup(learner)
+    prog, fold_state = Progress(), None
+    if resume:
+        prog, fold_state = load_checkpoint(run_dir, learner)
+    log = MetricsLog(run_dir, purge_step=prog.global_step if resume else None)
+    with (run_dir / "run.log").open("a") as fh:
+        fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
+    halted: str | None = None
+    t0 = time.perf_counter()
+    try:
+        while prog.fold < adapter.n_folds:
+            if prog.fold_step == 0 and prog.env_steps == 0 and prog.fold > 0:
+                life.fold_boundary()  # moments, target nets, slots, sentinel: all together
+            plan = adapter.plan(prog.fold)
+            halted = _train_fold(cfg, adapter, plan, learner, prog, log, run_dir, fold_state,
+                                 stop_after)  # fmt: skip
+            fold_state = None
+            if halted:
+                break
+            # evaluate the greedy policy (market: out of sample on the next window)
+            row, curves = adapter.evaluate(learner.agent, plan.index)
+            row.update(steps=prog.fold_step, nonfinite=learner.nonfinite_count())
+            prog.fold_rows.append(row)
+            if curves is not None:
+                write_fold_curve(run_dir, plan.index, curves)
+            _print_fold(row, cfg.run.progress)
+            prog.fold += 1
+            prog.fold_step = prog.env_steps = 0
+            save_checkpoint(run_dir, cfg, learner, prog,
+                            normalizer=adapter.normalizer_state(), fold_end=plan.index)  # fmt: skip
+    finally:
+        log.close()
+        adapter.close()
+    summary = {
+        "run_dir": str(run_dir),
+        "env": cfg.env.name,
+        "folds": prog.fold_rows,
+        "halted": halted,
+        "stability": cfg.run.stability,
+        "device": str(device),
+        "env_steps": prog.global_env_steps,
+        "updates": prog.global_step,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "fold_boundary": life.describe(),
+        **adapter.summary(prog.fold_rows),
+    }
+    ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
+    ckpt.atomic_write_json(run_dir / "summary.json", summary)
+    build_report(run_dir)
+    if halted:
+        raise TrainingHalted(halted)
+    return summary
+
+
+def _train_fold(
+    cfg: TrainConfig,
+    adapter: Any,
+    plan: FoldPlan,
+    learner: Learner,
+    prog: Progress,
+    log: MetricsLog,
+    run_dir: Path,
+    fold_state: dict[str, Any] | None,
+    stop_after: int | None,
+) -> str | None:
+    """Train one fold to its plan; returns the sentinel's halt message, if it fired."""
+    agent, device = learner.agent, torch.device(cfg.run.device)
+    env_seed, sample_seed = fold_seeds(cfg.run.seed, plan.index)
+    obs = adapter.open_fold(plan.index, env_seed)
+    replay = agent.make_replay()  # a fresh buffer per fold (market features are renormalised)
+    generator = torch.Generator(device=device).manual_seed(sample_seed)
+    # episodes finished since the last metrics row: returns summed, and counted (no host read)
+    episodes = torch.zeros(2, dtype=torch.float64, device=device)
+    if fold_state is not None:  # resume mid-fold exactly where the checkpoint was written
+        adapter.load_state_dict(fold_state["env"])
+        replay.load_state_dict(fold_state["replay"])
+        generator.set_state(fold_state["generator"])
+        obs = fold_state["obs"].to(device)
+        episodes.copy_(fold_state["episodes"])
+    bar = _bar(cfg, plan, prog.fold_step)
+    every = cfg.run.checkpoint_every
+    while not plan.done(prog.fold_step, prog.env_steps):
+        # act: one ε-greedy action per env and branch (ε counts env steps summed over envs)
+        action = agent.act(obs, prog.global_env_steps)
+        # env step
+        step = adapter.step(action)
+        # scale reward: training rewards only; episode returns and metrics stay unscaled
+        reward = step.reward * cfg.env.reward_scale
+        # store: n-step transitions into replay, from the true successor at episode ends
+        replay.add(obs, action, reward, step.final_obs, step.terminated, step.truncated)
+        obs = step.obs
+        ended = (step.terminated | step.truncated).double()
+        episodes += torch.stack([(step.episode_return.double() * ended).sum(), ended.sum()])
+        before = prog.env_steps
+        prog.env_steps += adapter.n_envs
+        prog.global_env_steps += adapter.n_envs
+        if prog.env_steps < plan.learning_starts:
+            continue
+        updates_before = prog.global_step
+        for _ in range(adapter.updates_due(before, prog.env_steps)):
+            # sample, learn: one guarded gradient step (the learner owns every stability part)
+            info = learner.learn(replay.sample(cfg.agent.batch_size, generator), replay)
+            prog.fold_step += 1
+            prog.global_step += 1
+            # log: the one host read, with the sentinel's halt check
+            if prog.global_step % cfg.run.log_every == 0:
+                row = _log_row(prog, info, learner, episodes)
+                episodes.zero_()
+                log.write(row)
+                halted = learner.halt_message()
+                if halted:
+                    _close(bar)
+                    return halted
+                _show(bar, row)
+            if bar is not None:
+                bar.update(1)
+            if plan.updates_done(prog.fold_step):
+                break
+        # checkpoint: between batched env steps, so that a resume starts at one
+        if prog.global_step // every > updates_before // every:
+            fold = {"env": adapter.state_dict(), "replay": replay.state_dict(),
+                    "generator": generator.get_state(), "obs": obs.cpu(),
+                    "episodes": episodes.cpu()}  # fmt: skip
+            save_checkpoint(run_dir, cfg, learner, prog, fold_state=fold)
+        if stop_after is not None and prog.global_step >= stop_after:
+            _close(bar)
+            raise TrainingInterrupted(f"stopped after {prog.global_step} steps (test hook)")
+    _close(bar)
+    return learner.halt_message()
+
+
+def _log_row(
+    prog: Progress, info: dict[str, torch.Tensor], learner: Learner, episodes: torch.Tensor
+) -> dict[str, float]:
+    values = {col: info[key] for col, key in _INFO_COLUMNS.items() if key in info}
+    values["episode_return"] = episodes[0] / episodes[1].clamp_min(1)  # NaN-free: 0 if none
+    values.update(learner.log_values())
+    host = torch.stack([v.detach().double().reshape(()) for v in values.values()]).cpu()
+    row: dict[str, float] = {"step": prog.global_step, "fold": prog.fold,
+                             "env_steps": float(prog.global_env_steps)}  # fmt: skip
+    row.update({n: float(h) for n, h in zip(values, host.tolist())})
+    row["epsilon"] = learner.agent.epsilon(prog.global_env_steps)
+    return row
+
+
+def _bar(cfg: TrainConfig, plan: FoldPlan, initial: int) -> Any:
+    if not cfg.run.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=plan.expected_updates, initial=initial, desc=f"fold {plan.index}",
+        unit="step", dynamic_ncols=True, leave=True,
+    )  # fmt: skip
+
+
+def _show(bar: Any, row: dict[str, float]) -> None:
+    if bar is not None:
+        shown = {"loss": "loss/total", "ret": "episode_return", "bound": "bound/support"}
+        bar.set_postfix({k: f"{row[c]:.3g}" for k, c in shown.items() if c in row})
+
+
+def _close(bar: Any) -> None:
+    if bar is not None:
+        bar.close()
+
+
+def _print_fold(row: dict[str, Any], show: bool) -> None:
+    if not show:
+        return
+    if "sharpe" in row:
+        print(
+            f"fold {row['fold']} test {row['test_start']}..{row['test_end']}: "
+            f"Sharpe {row['sharpe']:+.2f} (buy & hold {row['buy_hold_sharpe']:+.2f}), "
+            f"return {row['total_return']:+.1%} (B&H {row['buy_hold_return']:+.1%}), "
+            f"max DD {row['max_drawdown']:.1%}, turnover {row['turnover']:.3f}",
+            flush=True,
+        )
+    else:
+        print(
+            f"greedy evaluation: {row['episodes']} episodes, mean return "
+            f"{row['mean_return']:.1f} ± {row['std_return']:.1f}",
+            flush=True,
+        )
