@@ -184,7 +184,17 @@ class AdaptiveGradClip:
 
             scale = torch.empty_like(norms)
             total = torch.empty((), device=self.device)
-            clip_step_triton(self, norms, index, scale, total)
+            eng, frac = self.engagement, self.engagement._fraction
+            clip_step_triton(
+                norms, index, scale, total,
+                bound=self.bound, history=self._history, count=self._count,
+                nonfinite=self.nonfinite, engaged=self.engaged,
+                fraction=frac._kernel_state(), engagement=eng._kernel_state(),
+                bound_ema=self._ema._kernel_state(),
+                q_level=self._ema._q_level, q_slope=self._ema._q_slope,
+                quantile=self.quantile, expected_rate=eng.expected_rate,
+                z_threshold=eng.z_threshold, floor=CLIP_BOUND_FLOOR, eps=NORM_EPS,
+            )  # fmt: skip
         else:
             scale, total = self._step_reference(norms, index)
         # NaN * 0 is NaN: the non-finite elements themselves are replaced (and counted) too.
@@ -192,18 +202,18 @@ class AdaptiveGradClip:
         return total
 
     def _impl(self, impl: str | None, norms: torch.Tensor, num_tensors: int) -> str:
-        chosen = resolve_impl(impl, [norms])
-        if chosen == "triton":
-            from trimtab.kernels.clip import fits
+        def fits() -> bool:  # the kernel's limits live with it, imported once CUDA is in play
+            from trimtab.kernels import clip as kernel
 
-            if not fits(self, num_tensors):
-                if impl is not None:
-                    raise ValueError(
-                        f"impl='triton' runs a window of at most 4096 norms over at most 4096 "
-                        f"tensors, got window={self.window}, {num_tensors} tensors; pass impl=None"
-                    )
-                return "torch"
-        return chosen
+            return kernel.fits(self.window, num_tensors)
+
+        return resolve_impl(
+            impl,
+            [norms],
+            fits=fits,
+            why=f"impl='triton' runs a window of at most 4096 norms over at most 4096 tensors, "
+            f"got window={self.window}, {num_tensors} tensors; pass impl=None",
+        )
 
     def _step_reference(
         self, norms: torch.Tensor, index: torch.Tensor

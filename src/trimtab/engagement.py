@@ -148,6 +148,11 @@ class EngagementCorrection:
         self.engaged_total.zero_()
         self.seen_total.zero_()
 
+    def _kernel_state(self) -> list[torch.Tensor]:
+        """The state tensors in the kernels' order (``ENG_FIELDS``, see
+        :mod:`trimtab.kernels.ema_layout`); the fraction's estimator has its own."""
+        return [self._rate, self._max, self._z, self.engaged_total, self.seen_total]
+
     # --- the step -------------------------------------------------------------------------
     def _as_vector(self, value: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
         if not isinstance(value, torch.Tensor):
@@ -180,15 +185,24 @@ class EngagementCorrection:
         tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
         if mask is not None:
             check_mask(mask, self.num_consumers, self.device)
-        chosen = resolve_impl(impl, tensors) if len(tensors) == 3 else "torch"
-        if impl == "triton" and chosen != "triton":
-            raise ValueError("impl='triton' needs engaged, total and observed_max as tensors")
+        chosen = resolve_impl(
+            impl,
+            tensors,
+            fits=len(tensors) == len(inputs),
+            why="impl='triton' needs engaged, total and observed_max as tensors",
+        )
         if chosen == "triton":
             from trimtab.kernels.ema import engagement_observe_triton
 
             for x in tensors:
                 self._as_vector(x, x.dtype)  # the reference's device and shape checks
-            return engagement_observe_triton(self, engaged, total, observed_max, mask)
+            engagement_observe_triton(
+                self._fraction._kernel_state(), self._kernel_state(),
+                self._fraction._q_level, self._fraction._q_slope,
+                engaged, total, observed_max, mask,
+                expected_rate=self.expected_rate, z_threshold=self.z_threshold,
+            )  # fmt: skip
+            return self._rate
         k = self._as_vector(engaged, torch.float64)
         n = self._as_vector(total, torch.float64)
         top = self._as_vector(observed_max, torch.float32)
@@ -232,9 +246,7 @@ class EngagementCorrection:
             )
         ema._check(bound, mask)
         if ema._impl(impl, bound) == "triton":
-            from trimtab.kernels.ema import ema_update_triton
-
-            return ema_update_triton(ema, bound, mask, log=True, correction=self)
+            return ema._update_triton(bound, mask, log=True, rate=self._rate, top=self._max)
         return ema._update_log_reference(self.correct(bound), mask)
 
     # --- checkpoints ----------------------------------------------------------------------

@@ -10,24 +10,30 @@ import math
 import torch
 
 from trimtab._impl import resolve_impl
+from trimtab.kernels.ema_layout import (
+    EMA_BANK,
+    EMA_FIELDS,
+    FALSE_SHIFT_PROB,
+    META_RATE,
+    OUTLIER_Z,
+    TINY,
+)
+from trimtab.kernels.ema_layout import clipped_second_moment as _clipped_second_moment
+from trimtab.kernels.ema_layout import t_threshold as _t_threshold
 
-# Meta-rate of the slot statistics (noise variance R, the candidates' scores). The statistics
-# describe a regime, which lasts thousands of steps, not the level, which may move every step: an
-# effective memory of 1/β ≈ 1000 observations lets a squared-error gap of 1% of R per step (about
-# the gap between neighbouring candidate gains near the optimum) add up to ~5 units of log weight,
-# odds of ~150:1, and still re-learns a new regime within a few thousand steps.
-# R is a plain sample mean before 1/β observations (rate 1/n), so it needs no warm-up.
-META_RATE = 1e-3
+__all__ = [
+    "FALSE_SHIFT_PROB",
+    "GAINS",
+    "META_RATE",
+    "OUTLIER_Z",
+    "TINY",
+    "AdaptiveEMA",
+    "check_mask",
+]
 
-# Probability, per step of a stationary signal, of declaring a level shift that is not there.
-# A false restart costs one step of error about c·σ and a few steps of a fresh mean; at 1e-5 it
-# happens about once in 10^5 steps per slot. It fixes the outlier threshold c below (≈ 2.84),
-# so it is a tail probability, not a gain.
-FALSE_SHIFT_PROB = 1e-5
-
-# Absolute floor on the noise variance R: a constant signal (R = 0) divides by a tiny number rather
-# than by zero. Only signals whose noise is below 1e-6 in their own units ever reach it.
-TINY = 1e-12
+# The numerical constants (META_RATE, FALSE_SHIFT_PROB and the outlier threshold OUTLIER_Z it
+# fixes, TINY) and the Student-t thresholds are defined, with their reasons, in
+# ``trimtab.kernels.ema_layout``: one definition for this reference and its kernels.
 
 # The candidates' steady-state level gains: 1/2, 1/4, ... down to ≈ META_RATE. Gains are
 # dimensionless, so the grid is no magnitude. Faster than 1/2 is a level shift, handled by the
@@ -49,46 +55,9 @@ def _candidate_noise(gains: tuple[float, ...]) -> tuple[list[float], list[float]
     return level + [0.0] * len(slope), [0.0] * len(level) + slope
 
 
-def _normal_quantile_upper(p: float) -> float:
-    """z with P(Z > z) = p for a standard normal Z (bisection; runs once at import)."""
-    lo, hi = 0.0, 40.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if 0.5 * math.erfc(mid / math.sqrt(2.0)) > p:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-# A shift is declared when two consecutive standardized innovations exceed c with the same sign;
-# under the model that has probability 2 Φ(-c)² per step, set equal to FALSE_SHIFT_PROB. One lone
-# innovation beyond c is an outlier and is winsorized at c (Huber 1964).
-OUTLIER_Z = _normal_quantile_upper(math.sqrt(FALSE_SHIFT_PROB / 2.0))
-
-
-def _t_threshold(c: float, dof: torch.Tensor) -> torch.Tensor:
-    """The Student-t quantile matching the normal quantile ``c`` at ``dof`` degrees of freedom.
-
-    Cornish-Fisher expansion of the t quantile (Abramowitz & Stegun 26.7.5): while the noise
-    variance rests on few observations, standardized innovations are t-distributed, and the same
-    tail probability needs a wider threshold.
-    """
-    g1 = (c**3 + c) / 4.0
-    g2 = (5 * c**5 + 16 * c**3 + 3 * c) / 96.0
-    return c + g1 / dof + g2 / dof**2
-
-
-def _clipped_second_moment(c: torch.Tensor) -> torch.Tensor:
-    """E[min(Z², c²)] for a standard normal Z: the consistency factor of a winsorized variance."""
-    tail = torch.erfc(c / math.sqrt(2.0))
-    density = torch.exp(-0.5 * c * c) / math.sqrt(2.0 * math.pi)
-    return (1.0 - tail) - 2.0 * c * density + c * c * tail
-
-
 # Per slot, and per slot and candidate (level, slope, the covariance of both over R, log weight).
 _SLOT_STATE = ("mean", "r", "prev_obs", "prev_z", "alpha")
-_BANK_STATE = ("level", "slope", "p_ll", "p_ls", "p_ss", "score")
+_BANK_STATE = EMA_BANK
 
 
 def check_mask(mask: torch.Tensor, num: int, device: torch.device) -> None:
@@ -268,9 +237,7 @@ class AdaptiveEMA:
         non-finite one. ``impl`` as in :meth:`update`."""
         self._check(obs, mask)
         if self._impl(impl, obs) == "triton":
-            from trimtab.kernels.ema import ema_update_triton
-
-            return ema_update_triton(self, obs, mask, log=True)
+            return self._update_triton(obs, mask, log=True)
         return self._update_log_reference(obs, mask)
 
     def _update_log_reference(self, obs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -301,15 +268,38 @@ class AdaptiveEMA:
             check_mask(mask, self.num_slots, self.device)
 
     def _impl(self, impl: str | None, obs: torch.Tensor) -> str:
-        chosen = resolve_impl(impl, [obs])
-        if chosen == "triton" and (self.dtype != torch.float32 or obs.dtype != torch.float32):
-            if impl is not None:
-                raise ValueError(
-                    f"impl='triton' folds float32 observations into a float32 AdaptiveEMA, got "
-                    f"obs {obs.dtype} and state {self.dtype}; pass impl=None or impl='torch'"
-                )
-            return "torch"
-        return chosen
+        """The implementation of a fold of ``obs``: the kernel folds float32 into float32."""
+        return resolve_impl(
+            impl,
+            [obs],
+            fits=self.dtype == torch.float32 and obs.dtype == torch.float32,
+            why=f"impl='triton' folds float32 observations into a float32 AdaptiveEMA, got obs "
+            f"{obs.dtype} and state {self.dtype}; pass impl=None or impl='torch'",
+        )
+
+    def _kernel_state(self) -> list[torch.Tensor]:
+        """The state tensors in the kernels' order (``EMA_FIELDS + EMA_BANK``, see
+        :mod:`trimtab.kernels.ema_layout`)."""
+        return [self._t[n] for n in EMA_FIELDS + EMA_BANK]
+
+    def _update_triton(
+        self,
+        obs: torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        log: bool,
+        rate: torch.Tensor | None = None,
+        top: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One launch of :meth:`update` (``log``: :meth:`update_log`) on validated arguments;
+        ``rate``/``top``: fold ``EngagementCorrection.correct(obs)`` with that rate and max."""
+        from trimtab.kernels.ema import ema_update_triton
+
+        out = ema_update_triton(
+            self._kernel_state(), self._q_level, self._q_slope, obs, mask,
+            log=log, rate=rate, top=top,
+        )  # fmt: skip
+        return out if log else self._t["mean"]
 
     @torch.no_grad()
     def update(
@@ -322,9 +312,7 @@ class AdaptiveEMA:
         one (``"triton"`` on the CPU needs ``TRITON_INTERPRET=1``)."""
         self._check(obs, mask)
         if self._impl(impl, obs) == "triton":
-            from trimtab.kernels.ema import ema_update_triton
-
-            return ema_update_triton(self, obs, mask, log=False)
+            return self._update_triton(obs, mask, log=False)
         return self._update_reference(obs, mask)
 
     @torch.no_grad()

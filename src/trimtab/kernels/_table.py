@@ -85,3 +85,26 @@ def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
     return table
+
+
+_arrays: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_ARRAY_CACHE_SIZE = 256
+
+
+def pointer_array(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The (cached) int64 device array of the tensors' data pointers, in order: the state table
+    of a kernel that reads a fixed set of buffers updated in place (one device)."""
+    device = tensors[0].device
+    key = (device, *(t.data_ptr() for t in tensors))
+    array = _arrays.get(key)
+    if array is not None:
+        _arrays.move_to_end(key)
+        return array
+    host = torch.tensor(key[1:], dtype=torch.int64)
+    if device.type == "cuda":  # pinned + non_blocking: an asynchronous copy, not a host sync
+        host = host.pin_memory()
+    array = host.to(device, non_blocking=True)
+    _arrays[key] = array
+    if len(_arrays) > _ARRAY_CACHE_SIZE:
+        _arrays.popitem(last=False)
+    return array

@@ -2,34 +2,38 @@
 group norms, the clip coefficients, the engagement test, the window of clipped norms and its
 exact quantile (a sort of the window), the engagement raise and the log-scale fold of the bound.
 
-The reference it must match is the torch body of :meth:`trimtab.AdaptiveGradClip.__call__`
-(``AdaptiveGradClip._step_reference``); the scaling itself is then one launch of
-:func:`trimtab.clamp.scale_finite_`. Before, this was ~40 small device operations per step.
+The reference it must match is ``AdaptiveGradClip._step_reference`` (:mod:`trimtab.clip`); the
+scaling itself is then one launch of :func:`trimtab.clamp.scale_finite_`. Before, this was ~40
+small device operations per step.
+
+State reaches the kernel as tensors (``G`` bounds, window ``W``): the bound slot float32
+``[G]``, the history float32 ``[G, W]``, the step count int64 ``[]``, the non-finite counts
+int64 (the kernel adds to element 0: tensors), the engagement counts int64 ``[G]``; and one
+pointer table of the engagement fraction's estimator, the engagement correction and the bound's
+estimator, in the order of :mod:`trimtab.kernels.ema_layout` (``EMA_FIELDS + EMA_BANK``,
+``ENG_FIELDS``, ``EMA_FIELDS + EMA_BANK``, then the tail).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
 from trimtab.kernels.ema import (
+    EMA_BANK,
+    EMA_FIELDS,
     EMA_WIDTH,
     ENG_FIELDS,
-    _consts,
     _ema_load,
     _ema_step,
-    _ema_tensors,
     _engagement_step,
     _raise_toward,
-    _table,
-    _tail,
+    consts,
+    state_table,
 )
-
-if TYPE_CHECKING:
-    from trimtab.clip import AdaptiveGradClip
 
 #: Largest window and tensor count one program sorts and reduces (powers of two); beyond, the
 #: clip runs its reference.
@@ -105,32 +109,49 @@ def _clip_kernel(
     tl.store(slot + g, tl.exp(est), mask=gm)
 
 
-def fits(clip: AdaptiveGradClip, num_tensors: int) -> bool:
-    """Whether one program can run ``clip``'s step (float32 state, window and tensors bounded)."""
-    return clip.window <= MAX_WINDOW and 0 < num_tensors <= MAX_TENSORS
+def fits(window: int, num_tensors: int) -> bool:
+    """Whether one program can run a clip step over ``num_tensors`` norms with this window."""
+    return window <= MAX_WINDOW and 0 < num_tensors <= MAX_TENSORS
 
 
 def clip_step_triton(
-    clip: AdaptiveGradClip,
     norms: torch.Tensor,
     index: torch.Tensor,
     scale_out: torch.Tensor,
     total_out: torch.Tensor,
+    *,
+    bound: torch.Tensor,
+    history: torch.Tensor,
+    count: torch.Tensor,
+    nonfinite: torch.Tensor,
+    engaged: torch.Tensor,
+    fraction: Sequence[torch.Tensor],
+    engagement: Sequence[torch.Tensor],
+    bound_ema: Sequence[torch.Tensor],
+    q_level: torch.Tensor,
+    q_slope: torch.Tensor,
+    quantile: float,
+    expected_rate: float,
+    z_threshold: float,
+    floor: float,
+    eps: float,
 ) -> None:
-    """One launch of the clip's step (see the module docstring): writes the per-tensor scale
-    into ``scale_out`` and the total norm into ``total_out``; updates the clip's state."""
-    from trimtab.clip import CLIP_BOUND_FLOOR, NORM_EPS
-
-    eng, frac, bema = clip.engagement, clip.engagement._fraction, clip._ema
-    tensors = [*_ema_tensors(frac), *(getattr(eng, f) for f in ENG_FIELDS),
-               *_ema_tensors(bema), *_tail(bema)]  # fmt: skip
-    table = _table(clip, tensors)
-    t, g = norms.numel(), clip.num_bounds
+    """One launch of the clip's step (see the module docstring) for float32 ``norms`` ``[T]`` of
+    the tensors of group ``index`` (int64 ``[T]``): writes the per-tensor scale into
+    ``scale_out`` and the total norm into ``total_out``; updates the state tensors in place.
+    ``floor``: the bound's cold-start floor; ``eps``: added to the norm before dividing."""
+    if not (len(fraction) == len(bound_ema) == len(EMA_FIELDS + EMA_BANK)):
+        raise ValueError("clip_step_triton: each estimator is EMA_FIELDS + EMA_BANK tensors")
+    if len(engagement) != len(ENG_FIELDS):
+        raise ValueError(f"clip_step_triton: engagement is {ENG_FIELDS}")
+    table = state_table(fraction, engagement, bound_ema, (q_level, q_slope))
+    t, g = norms.numel(), bound.numel()
+    window = history.shape[1]
     _clip_kernel[(1,)](
-        table, norms, index, t, clip.bound, scale_out, total_out, clip.nonfinite,
-        clip.engaged, clip._history, clip._count, g, clip.window,
-        CLIP_BOUND_FLOOR, NORM_EPS, clip.quantile, eng.expected_rate, eng.z_threshold,
+        table, norms, index, t, bound, scale_out, total_out, nonfinite,
+        engaged, history, count, g, window,
+        floor, eps, quantile, expected_rate, z_threshold,
         ENG=EMA_WIDTH, BOUND=EMA_WIDTH + len(ENG_FIELDS), TAIL=2 * EMA_WIDTH + len(ENG_FIELDS),
         TP=max(2, triton.next_power_of_2(t)), GP=max(2, triton.next_power_of_2(g)),
-        WP=max(2, triton.next_power_of_2(clip.window)), **_consts(bema), num_warps=4,
+        WP=max(2, triton.next_power_of_2(window)), **consts(q_level.numel()), num_warps=4,
     )  # fmt: skip

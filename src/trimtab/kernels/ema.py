@@ -1,36 +1,40 @@
 """The adaptive EMA's step as one Triton launch, and the engagement correction's observe
-built on it; the jit helpers here are also the slot estimator inside the optimizer's finalize
-(:mod:`trimtab.kernels.optim_finalize`).
+built on it; the jit helpers here are also the slot estimator inside the gradient clip's and
+the optimizer's finalize kernels (:mod:`trimtab.kernels.clip`, ``.optim_finalize``).
 
 The references they must match are :meth:`trimtab.AdaptiveEMA.update` / ``update_log`` and
 :meth:`trimtab.EngagementCorrection.observe`: line for line the same arithmetic, in float32
 (float64 for the engagement z-test, as there). Each call of the torch code is ~35-150 small
 device operations; here it is one launch, and no host synchronisation either way.
 
-Every state tensor is updated in place for the estimator's life (``reset`` and
-``load_state_dict`` copy into it), so a pointer table of them is built once per estimator and
-reused; the thresholds that depend on the degrees of freedom are tabulated once per device by
-``estimate.py``'s own functions, so the kernel reads the very numbers the reference computes.
+State reaches the kernels as a table of int64 data pointers, in the order declared in
+:mod:`trimtab.kernels.ema_layout`: an estimator's ``EMA_FIELDS + EMA_BANK``, for the engagement
+kernel then ``ENG_FIELDS``, and last the tail (``q_level``, ``q_slope``, and the dof tables
+``c``, ``kappa`` of :func:`dof_tables`, which the reference computes per step from the same
+functions). Every state tensor is updated in place for the estimator's life (``reset`` and
+``load_state_dict`` copy into it), so a table is built once per set of buffers and reused.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-if TYPE_CHECKING:
-    from trimtab.engagement import EngagementCorrection
-    from trimtab.estimate import AdaptiveEMA
+from trimtab.kernels._table import pointer_array
+from trimtab.kernels.ema_layout import (
+    DOF_MAX,
+    EMA_BANK,
+    EMA_FIELDS,
+    EMA_WIDTH,
+    ENG_FIELDS,
+    META_RATE,
+    TINY,
+    dof_tables,
+)
 
-# Entries of an estimator's pointer table, in this order (``_ema_load``).
-EMA_FIELDS = ("mean", "r", "prev_obs", "prev_z", "alpha", "count", "nonfinite_count")
-EMA_BANK = ("level", "slope", "p_ll", "p_ls", "p_ss", "score")
-EMA_WIDTH = len(EMA_FIELDS) + len(EMA_BANK)
-# The engagement table: the fraction's estimator, then rate, max, z, engaged_total, seen_total.
-ENG_FIELDS = ("_rate", "_max", "_z", "engaged_total", "seen_total")
 BLOCK_SLOTS = 16  # slots per program
 
 
@@ -289,78 +293,57 @@ def _engagement_kernel(
 
 
 # --- launchers --------------------------------------------------------------------------------
-_dof_tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}
+def state_table(*groups: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The (cached) pointer table of the state tensors ``groups``, concatenated, then the tail:
+    ``q_level``, ``q_slope`` (the last group) and the dof tables of their device."""
+    tensors = [t for g in groups for t in g]
+    _, c, kappa = dof_tables(tensors[0].device)
+    return pointer_array([*tensors, c, kappa])
 
 
-def dof_tables(device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """``(dof_max, c, kappa)``: the estimator's outlier threshold and its consistency factor per
-    degree of freedom 1..dof_max, computed by ``estimate.py`` itself (float32, as its update
-    computes them) on ``device``, once per device."""
-    from trimtab import estimate
-
-    got = _dof_tables.get(device)
-    if got is None:
-        dof_max = int(torch.tensor((2.0 - estimate.META_RATE) / estimate.META_RATE).item())
-        dof = torch.arange(1, dof_max + 1, dtype=torch.float32, device=device)
-        c = estimate._t_threshold(estimate.OUTLIER_Z, dof)
-        got = (dof_max, c, estimate._clipped_second_moment(c))
-        _dof_tables[device] = got
-    return got
+def consts(num_candidates: int) -> dict:
+    """The compile-time constants of an estimator of ``num_candidates`` candidates."""
+    return {"K": num_candidates, "KP": triton.next_power_of_2(num_candidates),
+            "META": META_RATE, "TINY": TINY, "DOF_MAX": DOF_MAX}  # fmt: skip
 
 
-def _table(owner: object, tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The (cached on ``owner``) int64 device array of the tensors' data pointers."""
-    key = tuple(t.data_ptr() for t in tensors)
-    cached = getattr(owner, "_kernel_table", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    host = torch.tensor(key, dtype=torch.int64)
-    device = tensors[0].device
-    if device.type == "cuda":  # pinned + non_blocking: an asynchronous copy, not a host sync
-        host = host.pin_memory()
-    table = host.to(device, non_blocking=True)
-    owner._kernel_table = (key, table)  # type: ignore[attr-defined]
-    return table
-
-
-def _ema_tensors(ema: AdaptiveEMA) -> list[torch.Tensor]:
-    return [ema._t[n] for n in EMA_FIELDS + EMA_BANK]
-
-
-def _tail(ema: AdaptiveEMA) -> list[torch.Tensor]:
-    _, c, kappa = dof_tables(ema.device)
-    return [ema._q_level, ema._q_slope, c, kappa]
-
-
-def _consts(ema: AdaptiveEMA) -> dict:
-    from trimtab import estimate
-
-    k = ema._q_level.numel()
-    return {"K": k, "KP": triton.next_power_of_2(k), "META": estimate.META_RATE,
-            "TINY": estimate.TINY, "DOF_MAX": dof_tables(ema.device)[0]}  # fmt: skip
+def _check_layout(state: Sequence[torch.Tensor], fields: tuple[str, ...], what: str) -> None:
+    if len(state) != len(fields):
+        raise ValueError(f"{what}: expected {len(fields)} tensors ({', '.join(fields)}), "
+                         f"got {len(state)}")  # fmt: skip
 
 
 def ema_update_triton(
-    ema: AdaptiveEMA,
+    state: Sequence[torch.Tensor],
+    q_level: torch.Tensor,
+    q_slope: torch.Tensor,
     obs: torch.Tensor,
     mask: torch.Tensor | None,
+    *,
     log: bool,
-    correction: EngagementCorrection | None = None,
+    rate: torch.Tensor | None = None,
+    top: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One launch of ``ema.update(obs, mask)`` (``log``: ``update_log``; ``correction``: of
-    ``correction.correct(obs)``); float32 state and observations, already validated. Returns
-    what the reference returns."""
-    table = _table(ema, _ema_tensors(ema) + _tail(ema))
-    n = ema.num_slots
+    """One launch of ``AdaptiveEMA.update(obs, mask)`` (``log``: ``update_log``) on the estimator
+    whose ``state`` is ``EMA_FIELDS + EMA_BANK`` (float32, ``S`` slots, ``K = q_level.numel()``
+    candidates); with ``rate`` and ``top`` (float32 ``[S]``), of
+    ``EngagementCorrection.correct(obs)`` for that raise rate and max. ``obs`` float32 ``[S]``,
+    ``mask`` bool ``[S]`` or None, already validated. Updates ``state`` in place; returns
+    ``exp`` of the new estimate when ``log``, else ``obs`` (the estimate is ``state[0]``)."""
+    _check_layout(state, EMA_FIELDS + EMA_BANK, "ema_update_triton state")
+    table = state_table(state, (q_level, q_slope))
+    n = obs.numel()
     out = torch.empty_like(obs) if log else obs
     m = mask.view(torch.uint8) if mask is not None else obs
-    rate, top = (obs, obs) if correction is None else (correction._rate, correction._max)
+    correct = rate is not None
+    if correct != (top is not None):
+        raise ValueError("ema_update_triton: pass both rate and top, or neither")
     _ema_update_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
-        table, obs.contiguous(), m, out, rate, top, n,
-        HAS_MASK=mask is not None, LOG=log, CORRECT=correction is not None, TAIL=EMA_WIDTH,
-        BLOCK=BLOCK_SLOTS, **_consts(ema),
+        table, obs.contiguous(), m, out, rate if correct else obs, top if correct else obs, n,
+        HAS_MASK=mask is not None, LOG=log, CORRECT=correct, TAIL=EMA_WIDTH,
+        BLOCK=BLOCK_SLOTS, **consts(q_level.numel()),
     )  # fmt: skip
-    return out if log else ema._t["mean"]
+    return out
 
 
 def _vector(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
@@ -374,25 +357,42 @@ def _vector(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
 
 
 def engagement_observe_triton(
-    eng: EngagementCorrection,
+    fraction: Sequence[torch.Tensor],
+    engagement: Sequence[torch.Tensor],
+    q_level: torch.Tensor,
+    q_slope: torch.Tensor,
     engaged: torch.Tensor,
     total: torch.Tensor,
     observed_max: torch.Tensor,
     mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """One launch of ``eng.observe(engaged, total, observed_max, mask)``; returns ``eng.rate``."""
-    ema = eng._fraction
-    tensors = _ema_tensors(ema) + [getattr(eng, f) for f in ENG_FIELDS] + _tail(ema)
-    table = _table(eng, tensors)
-    n = eng.num_consumers
+    *,
+    expected_rate: float,
+    z_threshold: float,
+) -> None:
+    """One launch of ``EngagementCorrection.observe(engaged, total, observed_max, mask)``:
+    ``fraction`` is its fraction estimator's ``EMA_FIELDS + EMA_BANK``, ``engagement`` its
+    ``ENG_FIELDS`` (``C`` consumers); each input one element or ``C``. Updates both in place."""
+    _check_layout(fraction, EMA_FIELDS + EMA_BANK, "engagement_observe_triton fraction")
+    _check_layout(engagement, ENG_FIELDS, "engagement_observe_triton engagement")
+    table = state_table(fraction, engagement, (q_level, q_slope))
+    n = engagement[0].numel()
     (k, ks), (t, ts), (top, ms) = (_vector(x, n) for x in (engaged, total, observed_max))
     m = mask.view(torch.uint8) if mask is not None else k
     _engagement_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
-        table, k, t, top, m, ks, ts, ms, n, eng.expected_rate, eng.z_threshold,
+        table, k, t, top, m, ks, ts, ms, n, expected_rate, z_threshold,
         HAS_MASK=mask is not None, ENG=EMA_WIDTH, TAIL=EMA_WIDTH + len(ENG_FIELDS),
-        BLOCK=BLOCK_SLOTS, **_consts(ema),
+        BLOCK=BLOCK_SLOTS, **consts(q_level.numel()),
     )  # fmt: skip
-    return eng._rate
 
 
-__all__ = ["dof_tables", "ema_update_triton", "engagement_observe_triton"]
+__all__ = [
+    "EMA_BANK",
+    "EMA_FIELDS",
+    "EMA_WIDTH",
+    "ENG_FIELDS",
+    "consts",
+    "dof_tables",
+    "ema_update_triton",
+    "engagement_observe_triton",
+    "state_table",
+]

@@ -1,0 +1,126 @@
+"""The import graph of trimtab: no cycles, kernels are leaves (design invariant 8), and importing
+the public modules never imports Triton (STYLE: Triton loads lazily, on first kernel use).
+
+The graph is read from the source (the AST of every module), so it counts every import: at module
+level, inside functions, and under ``TYPE_CHECKING``, which Python alone would never report.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import trimtab
+
+SRC = Path(trimtab.__file__).resolve().parent
+KERNELS = "trimtab.kernels"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _targets(node: ast.Import | ast.ImportFrom, here: str, is_pkg: bool, known: set[str]):
+    """The trimtab modules one import statement loads (``from m import sub``: the submodule)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "trimtab"]
+    if node.level:  # relative: resolve against this module's package
+        package = here.split(".") if is_pkg else here.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join([*package, *([node.module] if node.module else [])])
+    else:
+        base = node.module or ""
+    if base.split(".")[0] != "trimtab":
+        return []
+    out = []
+    for alias in node.names:
+        sub = f"{base}.{alias.name}"
+        out.append(sub if sub in known else base)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the trimtab modules it imports anywhere in its source."""
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        edges: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges.update(_targets(node, name, path.name == "__init__.py", known))
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path = [root]
+        stack = [iter(sorted(graph.get(root, ())))]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_the_graph_sees_every_kind_of_import():
+    graph = import_graph()
+    assert "trimtab.kernels.ema" in graph and "trimtab.sentinel" in graph
+    # function-level imports count: the public entries import their kernels lazily
+    assert "trimtab.kernels.sentinel" in graph["trimtab.sentinel"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def test_kernels_import_only_kernels():
+    bad = {
+        f"{name} imports {target}"
+        for name, targets in import_graph().items()
+        if name == KERNELS or name.startswith(KERNELS + ".")
+        for target in targets
+        if target != KERNELS and not target.startswith(KERNELS + ".")
+    }
+    assert not bad, "kernels are leaves (design invariant 8): " + "; ".join(sorted(bad))
+
+
+def test_public_modules_do_not_import_triton():
+    code = (
+        "import sys\n"
+        "import trimtab\n"
+        "assert 'triton' not in sys.modules, 'import trimtab'\n"
+        "import trimtab.sentinel, trimtab.clamp, trimtab.clip, trimtab.estimate\n"
+        "import trimtab.engagement, trimtab.quantile\n"
+        "loaded = sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.'))\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
