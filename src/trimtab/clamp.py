@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from trimtab._impl import resolve_impl
-from trimtab._sentinel_state import SUPPORTED_DTYPES, abs_max_reference, record_reference
 from trimtab.sentinel import Sentinel
+from trimtab.sentinel_state import SUPPORTED_DTYPES, abs_max_reference, record_reference
 
 __all__ = ["clamp_finite_", "guard_", "scale_finite_"]
 
@@ -75,12 +75,12 @@ def scale_finite_(
     if len({t.device for t in every}) > 1:
         raise ValueError(f"tensors, scale and counter must be on one device, got "
                          f"{sorted({str(t.device) for t in every})}")  # fmt: skip
-    chosen = resolve_impl(impl, every)
-    fits = all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
-    if chosen == "triton" and not fits:
-        if impl is not None:
-            raise ValueError("impl='triton' needs contiguous float32 tensors; pass impl=None")
-        chosen = "torch"
+    chosen = resolve_impl(
+        impl,
+        every,
+        fits=all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors),
+        why="impl='triton' needs contiguous float32 tensors; pass impl=None",
+    )
     if chosen == "triton":
         from trimtab.kernels.clamp import launch_scale_finite
 
@@ -194,13 +194,11 @@ def _validate(x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> Bo
 
 
 def _choose(impl: str | None, x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> str:
-    tensors = [t for t in (x, bound, counter) if isinstance(t, torch.Tensor)]
-    chosen = resolve_impl(impl, tensors)
-    if chosen == "triton" and not x.is_contiguous():
-        if impl is None:  # the reference handles any layout; the kernel does not
-            return "torch"
-        raise ValueError(
-            "impl='triton' needs a contiguous x (the kernel writes it in place); pass a "
-            "contiguous tensor or impl='torch'"
-        )
-    return chosen
+    # The kernel writes x in place by flat index; the reference handles any layout.
+    return resolve_impl(
+        impl,
+        [t for t in (x, bound, counter) if isinstance(t, torch.Tensor)],
+        fits=x.is_contiguous(),
+        why="impl='triton' needs a contiguous x (the kernel writes it in place); pass a "
+        "contiguous tensor or impl='torch'",
+    )

@@ -1,7 +1,8 @@
 """The sentinel: named check points whose sticky, on-device flags say which buffer went
 non-finite (or above a measured bound) first, at which step, without a host sync per step.
 
-Rules and reports live here; the device bookkeeping and torch reference, in ``_sentinel_state``.
+Rules and reports live here; the device bookkeeping and torch reference, in
+:mod:`trimtab.sentinel_state`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Any, Literal
 import torch
 
 from trimtab._impl import IMPLS, resolve_impl
-from trimtab._sentinel_state import (
+from trimtab.lifecycle import register
+from trimtab.sentinel_state import (
     KIND_NAMES,
     SUPPORTED_DTYPES,
     SentinelState,
     check_reference,
 )
-from trimtab.lifecycle import register
 
 __all__ = ["DEFAULT_PHASE", "Firing", "NonFiniteError", "Rule", "Sentinel"]
 
@@ -146,10 +147,11 @@ class Sentinel:
     call with the same buffers. Idea: the per-tensor ``found_inf`` of
     ``torch.amp.GradScaler``, made sticky, named and phase-aware.
 
-    ``device=None``: the device of the first tensor the sentinel sees. ``impl``: see
-    :func:`trimtab._impl.resolve_impl` (``None`` = the kernel for CUDA tensors, the reference
-    when one of them is not contiguous). Checks and guard_ calls of one sentinel must run on
-    one stream at a time (they share per-slot arrival counters and scratch).
+    ``device=None``: the device of the first tensor the sentinel sees. ``impl``: ``None`` = the
+    kernel for CUDA tensors, the reference when one of them is not contiguous; ``"torch"`` or
+    ``"triton"`` force one (``"triton"`` on the CPU needs ``TRITON_INTERPRET=1``). Checks and
+    guard_ calls of one sentinel must run on one stream at a time (they share per-slot arrival
+    counters and scratch).
     """
 
     def __init__(self, device: torch.device | str | None = None, *, impl: str | None = None):
@@ -197,7 +199,7 @@ class Sentinel:
         if isinstance(rule.threshold, torch.Tensor):
             self._state.adopt_device(rule.threshold.device, f"slot {name!r} threshold")
         self._slots[name] = _Slot(name, src, rule, phase, len(self._slots))
-        self._state.add_slot(rule, phase)
+        self._state.add_slot(rule.threshold, rule.factor, phase)
 
     def _validate_tensor(self, name: str, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
@@ -241,20 +243,18 @@ class Sentinel:
             self._validate_tensor(s.name, t)
             tensors.append(t.detach())
             ids.append(s.index)
-        impl = resolve_impl(self._impl, tensors)
+        # The kernel reads contiguous tensors only; the reference reads any layout.
+        strided = [self.names[i] for t, i in zip(tensors, ids) if not t.is_contiguous()]
+        why = (
+            f"slot {(strided or [''])[0]!r}: the kernel reads contiguous tensors only; pass a "
+            "contiguous tensor, or use Sentinel(impl='torch')"
+        )
+        impl = resolve_impl(self._impl, tensors, fits=not strided, why=why)
         state = self._state.materialize()
         launch = self._state.launch(phase, ids, [t.dtype for t in tensors])
         if not tensors:
             state["counters"].add_(launch.inc)
-        elif impl == "triton" and (
-            self._impl == "triton" or all(t.is_contiguous() for t in tensors)
-        ):  # impl=None falls back to the reference, which reads any layout
-            for t, i in zip(tensors, ids):
-                if not t.is_contiguous():
-                    raise ValueError(
-                        f"slot {self.names[i]!r}: the kernel reads contiguous tensors only; "
-                        "pass a contiguous tensor, or use Sentinel(impl='torch')"
-                    )
+        elif impl == "triton":
             from trimtab.kernels.sentinel import launch_check
 
             launch_check(tensors, launch.entry_slot, launch.entry_code, launch.inc, state)

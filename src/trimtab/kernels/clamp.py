@@ -1,7 +1,9 @@
 """Triton kernel for :func:`trimtab.clamp_finite_` and :func:`trimtab.guard_`: one pass that reads
 x, optionally records a sentinel check of it, and writes x back sanitised and clamped.
 
-The torch references are ``trimtab.clamp._clamp_reference_`` and ``_guard_reference_``.
+The torch references are ``trimtab.clamp._clamp_reference_`` and, for the check, the sentinel's
+:func:`trimtab.sentinel_state.record_reference`; the sentinel's state is the dict of tensors
+described in :mod:`trimtab.kernels.sentinel`.
 """
 
 from __future__ import annotations

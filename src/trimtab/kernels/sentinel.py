@@ -1,7 +1,23 @@
 """Triton kernel for :meth:`trimtab.Sentinel.check`: one launch checks many tensors of mixed dtype.
 
-The torch reference (the CPU path and the test oracle) is ``trimtab.sentinel._check_reference``;
-both write the same sticky first-firing records. Imported lazily: only CUDA/interpreter use.
+The torch reference (the CPU path and the test oracle) is
+:func:`trimtab.sentinel_state.check_reference`; both write the same sticky first-firing records.
+Imported lazily: only CUDA/interpreter use.
+
+State reaches the kernels (here and in :mod:`trimtab.kernels.clamp`) as a dict of device tensors
+(``n`` slots, ``P`` phases), built by ``SentinelState.materialize``:
+
+- ``rec`` int64 ``[3, n]``: per slot the first-fire check number (1-based, 0 = never), its step
+  and its kind (``KIND_NAN``, ``KIND_INF``, ``KIND_THRESHOLD``); ``value`` float64 ``[n]``: max
+  |x| at that firing.
+- ``counters`` int64 ``[P + 1]``: checks per phase, then checks of any kind (the global order);
+  ``guard_steps`` int64 ``[n]``: guard_ calls per slot; ``slot_phase`` int32 ``[n]``: each slot's
+  counter index.
+- ``thr_ptrs`` int64 ``[n]``: the address of each slot's float32 threshold (read when the check
+  runs; NaN: no threshold), ``factors`` float32 ``[n]``: its factor.
+- ``done`` int32 ``[n + 1]``: arrival counters of the last-program pattern, zero between
+  launches; ``scratch_nan`` int32, ``scratch_max`` float64: per-program partials, grown by
+  :func:`scratch` (the only key a launcher writes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""The sentinel's device bookkeeping and its pure-PyTorch reference check.
+"""The sentinel's device bookkeeping and its pure-PyTorch reference check: the oracle of the
+check and guard_ kernels (:mod:`trimtab.kernels.sentinel`, ``.clamp``), which write exactly the
+records the reference writes, into the tensors of :meth:`SentinelState.materialize`.
 
-Shared by :mod:`trimtab.sentinel` (check) and :mod:`trimtab.clamp` (guard_); the Triton kernels in
-``trimtab.kernels.sentinel`` / ``.clamp`` write exactly the records the reference writes.
+Shared by :mod:`trimtab.sentinel` (check) and :mod:`trimtab.clamp` (guard_). A slot is a
+threshold (a float, or a 1-element float32 tensor read when the check runs) and a factor.
 """
 
 from __future__ import annotations
@@ -9,12 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from trimtab.sentinel import Rule
+__all__ = [
+    "KIND_NAMES",
+    "SUPPORTED_DTYPES",
+    "Launch",
+    "SentinelState",
+    "abs_max_reference",
+    "check_reference",
+    "record_reference",
+]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
@@ -46,7 +54,8 @@ class SentinelState:
     def __init__(self, device: torch.device | None) -> None:
         self.device = device
         self.phases: list[str] = []
-        self.rules: list[Rule] = []
+        self.slot_thresholds: list[torch.Tensor | float] = []  # per slot: a tensor or a float
+        self.slot_factors: list[float] = []
         self.slot_phase: list[int] = []
         self.tensors: dict[str, torch.Tensor] | None = None
         self._launches: dict[tuple, Launch] = {}
@@ -59,10 +68,13 @@ class SentinelState:
         elif device != self.device and not _same_device(device, self.device):
             raise ValueError(f"{what} is on {device}, but the sentinel is on {self.device}")
 
-    def add_slot(self, rule: Rule, phase: str) -> None:
+    def add_slot(self, threshold: torch.Tensor | float, factor: float, phase: str) -> None:
+        """A slot firing on non-finite values or ``max|x| > threshold * factor`` (a NaN
+        threshold: non-finite only)."""
         if phase not in self.phases:
             self.phases.append(phase)
-        self.rules.append(rule)
+        self.slot_thresholds.append(threshold)
+        self.slot_factors.append(factor)
         self.slot_phase.append(self.phases.index(phase))
         self._launches.clear()
         self._stale = True
@@ -73,7 +85,7 @@ class SentinelState:
             return self.tensors
         if self.device is None:
             self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dev, n, p = self.device, len(self.rules), len(self.phases)
+        dev, n, p = self.device, len(self.slot_factors), len(self.phases)
         old = self.tensors
         t = {
             "rec": torch.zeros(3, n, dtype=torch.int64, device=dev),
@@ -93,14 +105,12 @@ class SentinelState:
             t["guard_steps"][:k].copy_(old["guard_steps"])
             t["counters"][:q].copy_(old["counters"][:q])
             t["counters"][-1:].copy_(old["counters"][-1:])
-        literals = [
-            math.nan if isinstance(r.threshold, torch.Tensor) else r.threshold for r in self.rules
-        ]
+        literals = [math.nan if isinstance(r, torch.Tensor) else r for r in self.slot_thresholds]
         t["literals"] = torch.tensor(literals, dtype=torch.float32, device=dev)
-        t["factors"] = torch.tensor([r.factor for r in self.rules], dtype=torch.float32, device=dev)
+        t["factors"] = torch.tensor(self.slot_factors, dtype=torch.float32, device=dev)
         self._thr_views = [
-            r.threshold.reshape(()) if isinstance(r.threshold, torch.Tensor) else t["literals"][i]
-            for i, r in enumerate(self.rules)
+            r.reshape(()) if isinstance(r, torch.Tensor) else t["literals"][i]
+            for i, r in enumerate(self.slot_thresholds)
         ]
         t["thr_ptrs"] = torch.tensor(
             [v.data_ptr() for v in self._thr_views], dtype=torch.int64, device=dev
