@@ -1,10 +1,11 @@
 """The fused Adam(W) step of :class:`trimtab.optim.Adam`: one launch per parameter group for the
 update and its statistics, then one launch per step for everything that follows.
 
-References (the CPU path and the test oracles): the update and its raw statistics,
-:func:`trimtab.optim._reference.adam_group_step_reference`; the finalize,
-:meth:`trimtab.optim.Adam._finalize_torch` (:func:`window_quantiles_reference`, the
-:class:`~trimtab.EngagementCorrection` and :class:`~trimtab.AdaptiveEMA` updates).
+References (the CPU path and the test oracles): the update and the workspace it writes,
+:func:`trimtab.optim._reference.adam_group_step_reference` (the same signature, the same
+statistics: the same sampled chunks and histograms, see :mod:`trimtab.kernels.optim_layout`);
+the finalize (:mod:`trimtab.kernels.optim_finalize`), ``trimtab.optim.Adam``'s torch finalize.
+A set ``skip`` flag (``found_inf``) makes every program step no block: nothing is written.
 
 Update (``_adam_kernel``, one launch per group)
 -----------------------------------------------
@@ -56,7 +57,7 @@ tensor smaller than ``S`` chunks is seen once every ``S`` steps.
 Quantile digits (no second pass). Coarse: the float32 exponent, ``bits >> 23`` (256 bins, one
 per octave). Window: 256 sub-bins of ``2**15`` bits (``2**-8`` of an octave) starting at the
 group's ``sel`` base, centred on last step's quantile (an octave wide in bits, so about
-``q/√2 .. q·√2``), plus the count below the window. :func:`finish` (and the reference) return
+``q/√2 .. q·√2``), plus the count below the window. The finalize (and its reference) return
 
 - the lower edge of the window sub-bin holding the rank when the rank is inside the window:
   never above the order statistic of the (sampled) rank and within a relative ``2**-8``
@@ -83,58 +84,31 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
 from trimtab.kernels._table import PointerTable, pointer_table
-from trimtab.kernels.ema import EMA_BANK, EMA_FIELDS, EMA_WIDTH  # noqa: F401  (re-exported)
+from trimtab.kernels.optim_layout import (
+    BINS,
+    BLOCK,
+    COARSE_SHIFT,
+    FINE_SHIFT,
+    HIST_OFFSET,
+    INT_UNDER,
+    PART_WIDTH,
+    SUB,
+    WINDOW_OFFSET,
+    Workspace,
+    sample_stride,
+)
 
-BLOCK = 4096
-SUB = 1024  # elements of one inner iteration (a block is BLOCK // SUB of them)
 NUM_WARPS = 8
 PROGRAMS_PER_SM = 2
-BINS = 256
-COARSE_SHIFT = 23
-FINE_SHIFT = 15
-WINDOW_BITS = BINS << FINE_SHIFT
-MIN_SAMPLE = 1 << 17
-MAX_SAMPLE_STRIDE = 64
-PHASE_PERIOD = 1 << 20  # a multiple of every stride: the rotation survives the wrap
-# int32 histogram workspace per group: the counts below the 3 windows, then 3 coarse and 3
-# window histograms (|w|, |m|, |v|).
-INT_UNDER = 0  # 3 entries
-HIST_OFFSET = 4
-WINDOW_OFFSET = HIST_OFFSET + 3 * BINS
-INT_WIDTH = WINDOW_OFFSET + 3 * BINS
-# int32 scalar partials per group: REPLICAS rows of PART_WIDTH words, program p adding to row
-# p % REPLICAS. Words 0..NUM_SUMS-1 hold float32 sums in the reference row's order (Σ w·u, Σ w²,
-# Σ u², Σ|u|, Σ_{L1}|w|), then the clamp's engagement count, the bits of the max |w| and the
-# finite count, then the float32 Σ g² and Σ v̂ of the gradient-growth statistic.
-REPLICAS = 256
-NUM_SUMS = 5
-PART_ENGAGED, PART_MAXBITS, PART_FINITE = 5, 6, 7
-PART_GG, PART_VHAT = 8, 9
-PART_WIDTH = 10
-REDUCE_TILE = 2048  # elements of one finalize load of the replicas: [groups, replicas]
-NONFINITE_BITS = 0x7F800000
-# Entries of the finalize's pointer table (see ``Adam._finalize_table``).
-ENG_BASE = 2 * EMA_WIDTH  # engagement rate, max, z, engaged_total, seen_total
-TABLE_TAIL = ENG_BASE + 5  # q_level, q_slope, c table, kappa table, state vector
-TABLE_SIZE = TABLE_TAIL + 5
 # Whether tl.histogram takes a mask (Triton >= 3.4).
 HIST_MASK = tl.constexpr("mask" in inspect.signature(tl.histogram).parameters)
-# Group flag bits for the finalize.
-OBSERVED, CLAMP, AUTO, L1 = 1, 2, 4, 8
-
-
-def sample_stride(numel: int) -> int:
-    """The histogram sampling stride ``S`` for a group of ``numel`` elements (see above)."""
-    s = 1
-    while s < MAX_SAMPLE_STRIDE and numel >= 2 * s * MIN_SAMPLE:
-        s *= 2
-    return s
 
 
 # --- the update -----------------------------------------------------------------------------
@@ -168,6 +142,8 @@ def _adam_kernel(
     ints,  # int32 [INT_WIDTH] of this group
     sel,  # int32 [3] of this group: window base bits of |w|, |m|, |v| (-1: none)
     phase,  # int32 [1]: sampling phase
+    skip,  # 0-dim float32: nonzero skips the step (found_inf; read only with SKIP)
+    grad_scale,  # 0-dim float32: the gradients' loss scale (read only with UNSCALE)
     num_blocks,  # blocks of the pointer table
     blocks_per_program,  # program p steps blocks [p * this, (p + 1) * this)
     stride,  # sampling stride S
@@ -182,6 +158,8 @@ def _adam_kernel(
     STATS: tl.constexpr,
     L1: tl.constexpr,
     CLAMP: tl.constexpr,
+    SKIP: tl.constexpr,
+    UNSCALE: tl.constexpr,
     BLOCK: tl.constexpr,
     SUB: tl.constexpr,
     BINS: tl.constexpr,
@@ -222,8 +200,15 @@ def _adam_kernel(
     ph = 0
     if STATS:
         ph = tl.load(phase)
+    inv_scale = 1.0
+    if UNSCALE:
+        inv_scale = 1.0 / tl.load(grad_scale)
     first = pid * blocks_per_program
     last = tl.minimum(first + blocks_per_program, num_blocks)
+    if SKIP:
+        # A skipped step (non-finite gradients) steps no block: nothing is stored and the
+        # statistics stay zero; the finalize leaves every estimate and counter as it was.
+        last = tl.where(tl.load(skip) != 0, first, last)
     for blk in range(first, last):
         t = tl.load(block_tensor + blk)
         start = (blk - tl.load(block_start + t)) * BLOCK
@@ -261,8 +246,9 @@ def _adam_kernel(
                     wp, gp, mp, vp, offs, n, True, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
                     acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2,
-                    eps, ints, sel,
-                    STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
+                    eps, ints, sel, inv_scale,
+                    STATS, L1, CLAMP, UNSCALE, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET,
+                    WINDOW_OFFSET,
                 )  # fmt: skip
         else:
             for c in range(0, BLOCK, SUB):
@@ -272,8 +258,9 @@ def _adam_kernel(
                     wp, gp, mp, vp, offs, n, False, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
                     acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2,
-                    eps, ints, sel,
-                    STATS, L1, CLAMP, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET, WINDOW_OFFSET,
+                    eps, ints, sel, inv_scale,
+                    STATS, L1, CLAMP, UNSCALE, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET,
+                    WINDOW_OFFSET,
                 )  # fmt: skip
     if STATS:
         s_wu, s_ww, s_uu, s_au, s_l1, n_eng, max_bits, n_fin, s_gg, s_vh = tl.reduce(
@@ -305,7 +292,8 @@ def _chunk(
     wp, gp, mp, vp, offs, n, FULL: tl.constexpr, sampled, prox,
     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg, acc_vh,
     decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2, eps, ints, sel,
-    STATS: tl.constexpr, L1: tl.constexpr, CLAMP: tl.constexpr, BINS: tl.constexpr,
+    inv_scale, STATS: tl.constexpr, L1: tl.constexpr, CLAMP: tl.constexpr,
+    UNSCALE: tl.constexpr, BINS: tl.constexpr,
     CSHIFT: tl.constexpr, FSHIFT: tl.constexpr, UNDER: tl.constexpr,
     HIST_OFFSET: tl.constexpr, WINDOW_OFFSET: tl.constexpr,
 ):  # fmt: skip
@@ -322,6 +310,8 @@ def _chunk(
         g = tl.load(gp + offs, mask=mask, other=0.0)
         m = tl.load(mp + offs, mask=mask, other=0.0)
         v = tl.load(vp + offs, mask=mask, other=0.0)
+    if UNSCALE:
+        g = g * inv_scale
     m = beta1 * m + (1.0 - beta1) * g
     gg = g * g
     v = beta2 * v + (1.0 - beta2) * gg
@@ -431,53 +421,81 @@ def blocks_per_program(num_blocks: int, device: torch.device) -> int:
     return max(1, -(-num_blocks // (PROGRAMS_PER_SM * _num_sms(device))))
 
 
+_flag_cache: dict[tuple, torch.Tensor] = {}
+
+
+def _l1_flags(l1_params: Sequence[bool], device: torch.device) -> torch.Tensor:
+    """int32 device flags of ``l1_params``, built once per distinct pattern (no per-step copy)."""
+    key = (device, tuple(bool(f) for f in l1_params))
+    flags = _flag_cache.get(key)
+    if flags is None:
+        flags = torch.tensor([int(f) for f in key[1]], dtype=torch.int32).to(device)
+        _flag_cache[key] = flags
+    return flags
+
+
 def adam_group_step_triton(
-    tables: tuple[PointerTable, ...],
-    l1_flags: torch.Tensor,
-    slots: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    parts: torch.Tensor,
-    ints: torch.Tensor,
-    sel: torch.Tensor,
-    phase: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor],
+    steps: Sequence[torch.Tensor],
+    work: Workspace,
     *,
     lr: float,
     beta1: float,
     beta2: float,
     eps: float,
     weight_decay: float | None,
-    stats: bool,
-    l1: bool,
+    slots: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    l1_params: Sequence[bool],
     clamp: bool,
-    stride: int,
+    stats: bool,
     floor: float,
+    skip: torch.Tensor | None = None,
+    grad_scale: torch.Tensor | None = None,
+    capturable: bool = True,
+    stride: int | None = None,
     per_program: int | None = None,
 ) -> None:
-    """Launch the fused step for one group (float32, contiguous tensors on one device).
+    """Launch the fused step for one group: the signature, and the results, of its reference
+    :func:`trimtab.optim._reference.adam_group_step_reference` (float32 contiguous parameters
+    and moments on one device; gradients are made contiguous).
 
-    ``tables``: the pointer tables of ``(w, g, m, v)`` at ``BLOCK`` and of the step counters
-    (``step`` is read as ``step + 1``; the finalize stores the increment). ``slots``: this
-    group's decay, L1 and weight-bound slot views. ``weight_decay=None`` reads the decay slot.
-    ``parts`` (int32 ``[R, PART_WIDTH]``, ``R`` a power of two: ``REPLICAS`` in the optimizer),
-    ``ints``, ``sel``: this group's rows of the workspaces (zero before the launch).
-    ``per_program``: blocks per program (default :func:`blocks_per_program`); it changes no
-    result beyond the sums' rounding.
+    ``steps`` are read as ``step + 1`` and not written (the finalize increments them).
+    ``slots``: the group's decay, L1 and weight-bound slot views, read inside the kernel;
+    ``weight_decay=None`` reads the decay slot. ``work``: the group's workspace (zero before
+    the launch; ``parts`` with ``R`` a power of two). ``skip``: a 0-dim float32 device tensor,
+    nonzero steps nothing. ``grad_scale``: a 0-dim float32 device tensor the gradients are
+    divided by (a GradScaler's scale). ``capturable``: ignored (steps always stay on the
+    device). ``stride``: the sampling stride (default :func:`sample_stride` of the group's
+    elements). ``per_program``: blocks per program (default :func:`blocks_per_program`); it
+    changes no result beyond the sums' rounding.
     """
+    parts = work.parts
     assert parts.dtype == torch.int32 and parts.dim() == 2 and parts.shape[1] == PART_WIDTH
     replicas = parts.shape[0]
     assert replicas & (replicas - 1) == 0 and parts.is_contiguous()
-    wt, gt, mt, vt, st = tables
+    grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
+    wt, gt, mt, vt, st = group_tables(params, grads, exp_avgs, exp_avg_sqs, steps)
+    if stride is None:
+        stride = sample_stride(sum(p.numel() for p in params))
     k = per_program or blocks_per_program(wt.num_blocks, parts.device)
+    l1 = any(l1_params)
     _adam_kernel[(triton.cdiv(wt.num_blocks, k),)](
         wt.ptrs, gt.ptrs, mt.ptrs, vt.ptrs, st.ptrs,
         wt.numels, wt.block_start, wt.block_tensor,
-        l1_flags, *slots, parts.view(torch.float32), parts, ints, sel, phase,
+        _l1_flags(l1_params, parts.device), *slots, parts.view(torch.float32), parts,
+        work.ints, work.sel, work.phase,
+        parts if skip is None else skip, parts if grad_scale is None else grad_scale,
         wt.num_blocks, k, int(stride),
         float(lr), float(beta1), float(beta2),
         math.log2(beta1) if beta1 > 0 else -math.inf,
         math.log2(beta2) if beta2 > 0 else -math.inf,
         float(eps),
         1.0 - lr * weight_decay if weight_decay is not None else 1.0,
-        AUTO=weight_decay is None, STATS=stats, L1=l1, CLAMP=clamp, BLOCK=BLOCK, SUB=SUB,
+        AUTO=weight_decay is None, STATS=stats, L1=l1, CLAMP=clamp,
+        SKIP=skip is not None, UNSCALE=grad_scale is not None, BLOCK=BLOCK, SUB=SUB,
         BINS=BINS, CSHIFT=COARSE_SHIFT, FSHIFT=FINE_SHIFT, UNDER=INT_UNDER,
         HIST_OFFSET=HIST_OFFSET, WINDOW_OFFSET=WINDOW_OFFSET,
         REPLICAS=replicas, PART_WIDTH=PART_WIDTH, FLOOR=floor,
@@ -491,11 +509,3 @@ def group_tables(params, grads, exp_avgs, exp_avg_sqs, steps) -> tuple[PointerTa
         *(pointer_table(ts, BLOCK) for ts in (params, grads, exp_avgs, exp_avg_sqs)),
         pointer_table(steps, 1),
     )
-
-
-# The finalize lives in its own module (it imports this one's layout constants).
-from trimtab.kernels.optim_finalize import (  # noqa: E402, F401  (re-exported)
-    finalize_triton,
-    parts_reference,
-    window_quantiles_reference,
-)

@@ -1,10 +1,13 @@
-"""The finalize of :mod:`trimtab.kernels.optim`: one single-program launch per step that
-reduces every group's replicated partials, computes the window quantiles, folds the
-observations through the slot estimator and the engagement correction, writes the slots and
-zeroes the workspaces; with its pure-PyTorch references.
+"""The finalize of the optimizer step (:mod:`trimtab.kernels.optim` is the update): one
+single-program launch per step that reduces every group's replicated partials, computes the
+window quantiles, folds the observations through the slot estimator and the engagement
+correction, writes the slots, steps the counters and the sampling phase, and zeroes the
+workspaces. With a skip flag (``found_inf``) set it leaves all of that state unchanged.
 
-Split from ``optim.py`` (the update) so each file reads as one room; the workspace layout
-constants live there.
+Its reference is ``trimtab.optim.Adam``'s torch finalize over the same workspace, whose layout
+and readers (:func:`~trimtab.kernels.optim_layout.parts_reference`,
+:func:`~trimtab.kernels.optim_layout.window_quantiles_reference`) live in
+:mod:`trimtab.kernels.optim_layout`; state reaches it as the pointer table ``TABLE_LAYOUT``.
 """
 
 from __future__ import annotations
@@ -14,28 +17,44 @@ import triton
 import triton.language as tl
 
 from trimtab.kernels._table import PointerTable
-from trimtab.kernels.ema import _ema_load, _ema_step, _ptr, _raise_toward
-from trimtab.kernels.optim import (
+from trimtab.kernels.ema import (
+    EMA_BANK,
+    EMA_FIELDS,
+    EMA_WIDTH,
+    ENG_FIELDS,
+    _ema_load,
+    _ema_step,
+    _ptr,
+    _raise_toward,
+)
+from trimtab.kernels.optim_layout import (
     BINS,
     COARSE_SHIFT,
-    EMA_WIDTH,
-    ENG_BASE,
     FINE_SHIFT,
     HIST_OFFSET,
     INT_UNDER,
     INT_WIDTH,
-    NUM_SUMS,
-    PART_ENGAGED,
-    PART_FINITE,
-    PART_GG,
-    PART_MAXBITS,
-    PART_VHAT,
     PART_WIDTH,
     PHASE_PERIOD,
-    REDUCE_TILE,
-    TABLE_TAIL,
     WINDOW_OFFSET,
 )
+
+# The finalize's state table: int64 data pointers, in this order (``TABLE_LAYOUT``): the slot
+# estimator's EMA_FIELDS + EMA_BANK, the engagement fraction's, the engagement correction's
+# ENG_FIELDS, then the estimator's candidate noise (q_level, q_slope), its dof-threshold tables
+# (c, kappa) and the state vector. Every tensor is updated in place for the optimizer's life,
+# so the table is built once.
+TABLE_LAYOUT = (
+    *(f"slots.{n}" for n in EMA_FIELDS + EMA_BANK),
+    *(f"engagement.fraction.{n}" for n in EMA_FIELDS + EMA_BANK),
+    *(f"engagement.{n.lstrip('_')}" for n in ENG_FIELDS),
+    "q_level", "q_slope", "dof_c", "dof_kappa", "state_vector",
+)  # fmt: skip
+ENG_BASE = 2 * EMA_WIDTH  # engagement rate, max, z, engaged_total, seen_total
+TABLE_TAIL = ENG_BASE + len(ENG_FIELDS)  # q_level, q_slope, c table, kappa table, state vector
+TABLE_SIZE = TABLE_TAIL + 5
+assert len(TABLE_LAYOUT) == TABLE_SIZE
+REDUCE_TILE = 2048  # elements of one load of the replicas: [groups, replicas]
 
 
 @triton.jit
@@ -139,10 +158,12 @@ def _finalize_kernel(
     step_ptrs,  # int64 [T]: step counters to increment
     num_steps,
     phase,  # int32 [1]
+    skip,  # 0-dim float32: nonzero leaves every estimate, counter and the phase unchanged
     G,
     GP: tl.constexpr,
     GR: tl.constexpr,  # max(GP, 2): the groups of the replica reduction's tiles
     STATS: tl.constexpr,
+    SKIP: tl.constexpr,
     K: tl.constexpr,
     KP: tl.constexpr,
     META: tl.constexpr,
@@ -165,6 +186,9 @@ def _finalize_kernel(
     PERIOD: tl.constexpr,
     ZBLOCK: tl.constexpr,
 ):
+    skipped = 0.0
+    if SKIP:
+        skipped = tl.load(skip)
     if STATS:
         # --- load everything ----------------------------------------------------------------
         # Lane i is (slot kind i // GP, group i % GP): kinds weight_bound, decay, l1, p99_w,
@@ -173,6 +197,8 @@ def _finalize_kernel(
         kind = i // GP
         g = i % GP
         ok = (kind < 7) & (g < G)
+        # A lane-wide flag, not a scalar (the interpreter cannot AND a scalar bool with lanes).
+        keep = (tl.zeros([8 * GP], tl.float32) + skipped) == 0.0
         row = ints + g * INT_WIDTH
         flag = tl.load(flags + g, mask=ok, other=0)
         # The scalar partials: reduced over the replicas per group, then spread to the lanes.
@@ -214,7 +240,8 @@ def _finalize_kernel(
         tl.debug_barrier()  # every value above is read before anything below writes
 
         # --- compute and store --------------------------------------------------------------
-        observed = ok & ((flag & 1) != 0)
+        # A skipped step observes nothing: every estimator keeps its state exactly.
+        observed = ok & ((flag & 1) != 0) & keep
         clamp_on = observed & ((flag & 2) != 0)
         auto_on = observed & ((flag & 4) != 0)
         l1_on = observed & ((flag & 8) != 0)
@@ -238,11 +265,11 @@ def _finalize_kernel(
         e_z = tl.where(take_e, z.to(tl.float32), e_z)
         e_k = e_k + tl.where(take_e, kf, 0.0).to(tl.int64)
         e_n = e_n + tl.where(take_e, nf, 0.0).to(tl.int64)
-        tl.store(_ptr(tab, ENG_BASE + 0, tl.float32) + g, e_rate, mask=eng)
-        tl.store(_ptr(tab, ENG_BASE + 1, tl.float32) + g, e_max, mask=eng)
-        tl.store(_ptr(tab, ENG_BASE + 2, tl.float32) + g, e_z, mask=eng)
-        tl.store(_ptr(tab, ENG_BASE + 3, tl.int64) + g, e_k, mask=eng)
-        tl.store(_ptr(tab, ENG_BASE + 4, tl.int64) + g, e_n, mask=eng)
+        tl.store(_ptr(tab, ENG_BASE + 0, tl.float32) + g, e_rate, mask=eng & keep)
+        tl.store(_ptr(tab, ENG_BASE + 1, tl.float32) + g, e_max, mask=eng & keep)
+        tl.store(_ptr(tab, ENG_BASE + 2, tl.float32) + g, e_z, mask=eng & keep)
+        tl.store(_ptr(tab, ENG_BASE + 3, tl.int64) + g, e_k, mask=eng & keep)
+        tl.store(_ptr(tab, ENG_BASE + 4, tl.int64) + g, e_n, mask=eng & keep)
         bound_obs = _raise_toward(q, e_rate, e_max)
         # Decay: the rate that holds ||w|| in equilibrium, net of L1's own shrink.
         l1_coef = tl.where(l1_slot > 0.0, l1_slot, 0.0)
@@ -274,8 +301,9 @@ def _finalize_kernel(
         lcb = tl.where(growth_slot > 0.0, lcb, 0.0)
         value = tl.where(log_kind, tl.exp(est), tl.where(kind == 1, lcb, est))
         value = tl.where(kind == 6, bound_lo, value)
-        tl.store(sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g, value, mask=ok)
-        tl.store(sel + g * 3 + (kind - 3), nxt, mask=ok & (kind >= 3) & (kind <= 5))
+        slot_at = sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g
+        tl.store(slot_at, value, mask=ok & keep)
+        tl.store(sel + g * 3 + (kind - 3), nxt, mask=ok & (kind >= 3) & (kind <= 5) & keep)
         # Zero the workspaces for the next step.
         for start in range(0, G * INT_WIDTH, ZBLOCK):
             zo = start + tl.arange(0, ZBLOCK)
@@ -288,11 +316,12 @@ def _finalize_kernel(
     # Step counters (the update read step + 1) and the sampling phase.
     ph = tl.load(phase)
     st = tl.arange(0, 128)
+    keep_st = (tl.zeros([128], tl.float32) + skipped) == 0.0
     for start in range(0, num_steps, 128):
         so = start + st
         sp = tl.load(step_ptrs + so, mask=so < num_steps, other=0).to(tl.pointer_type(tl.float32))
-        tl.store(sp, tl.load(sp, mask=so < num_steps) + 1.0, mask=so < num_steps)
-    tl.store(phase, (ph + 1) % PERIOD)
+        tl.store(sp, tl.load(sp, mask=so < num_steps) + 1.0, mask=(so < num_steps) & keep_st)
+    tl.store(phase, tl.where(skipped == 0.0, (ph + 1) % PERIOD, ph))
 
 
 def finalize_triton(
@@ -307,6 +336,7 @@ def finalize_triton(
     consts: torch.Tensor,
     steps: PointerTable,
     phase: torch.Tensor,
+    skip: torch.Tensor | None = None,
     *,
     stats: bool,
     num_candidates: int,
@@ -325,8 +355,8 @@ def finalize_triton(
     gr = max(gp, 2)  # no tile dimension of 1
     _finalize_kernel[(1,)](
         table, ints, parts.view(torch.float32), parts, sel, deficit, lrs, flags, slot_offsets,
-        consts, steps.ptrs, steps.count, phase, num_groups,
-        GP=gp, GR=gr, STATS=stats,
+        consts, steps.ptrs, steps.count, phase, phase if skip is None else skip, num_groups,
+        GP=gp, GR=gr, STATS=stats, SKIP=skip is not None,
         K=num_candidates, KP=triton.next_power_of_2(num_candidates),
         META=meta_rate, TINY=tiny, DOF_MAX=dof_max, NORM_EPS=norm_eps,
         EMA_WIDTH=EMA_WIDTH, ENG_BASE=ENG_BASE, TAIL=TABLE_TAIL,
@@ -336,45 +366,3 @@ def finalize_triton(
         HIST_OFFSET=HIST_OFFSET, WINDOW_OFFSET=WINDOW_OFFSET,
         PERIOD=PHASE_PERIOD, ZBLOCK=1024, num_warps=4,
     )  # fmt: skip
-
-
-def parts_reference(parts: torch.Tensor) -> torch.Tensor:
-    """``[G, NUM_SUMS + 5]`` float32 from the ``parts`` workspace ``[G, R, PART_WIDTH]``, in the
-    reference row's order (``Σ w·u, Σ w², Σ u², Σ|u|, Σ_{L1}|w|``, finite count, engagement
-    count, max ``|w|``), then ``Σ g², Σ v̂``: the torch reference of the finalize's reduction
-    over the replicas."""
-    sums = parts[..., :NUM_SUMS].contiguous().view(torch.float32).sum(dim=1)
-    counts = parts[..., [PART_FINITE, PART_ENGAGED]].to(torch.int64).sum(dim=1)
-    max_bits = parts[..., PART_MAXBITS].amax(dim=1, keepdim=True)
-    growth = parts[..., [PART_GG, PART_VHAT]].contiguous().view(torch.float32).sum(dim=1)
-    return torch.cat([sums, counts.float(), max_bits.view(torch.float32), growth], dim=1)
-
-
-def window_quantiles_reference(
-    ints: torch.Tensor, sel: torch.Tensor, q: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(quantiles, next_sel)``, both ``[G, 3]`` (of |w|, |m|, |v|), from the workspace: the
-    torch reference of the finalize's quantile step (bounds in the module docstring).
-
-    The rank is ``ceil(n q)`` (float64, at least 1) of the ``n`` sampled finite elements; the
-    value is the lower edge of the window sub-bin holding it, or of its octave when it lies
-    outside the window; 0 (and no next window, -1) when nothing was sampled.
-    """
-    hist = ints[:, HIST_OFFSET:WINDOW_OFFSET].reshape(-1, 3, BINS).to(torch.int64)
-    win = ints[:, WINDOW_OFFSET:INT_WIDTH].reshape(-1, 3, BINS).to(torch.int64)
-    under = ints[:, INT_UNDER : INT_UNDER + 3].to(torch.int64)
-    base = sel.to(torch.int64)
-    cum = hist.cumsum(-1)
-    n = cum[..., -1]
-    rank = torch.ceil(n.double() * q).long().clamp(min=1)
-    chosen = torch.searchsorted(cum, rank.unsqueeze(-1)).squeeze(-1).clamp(max=BINS - 1)
-    within = rank - under
-    fcum = win.cumsum(-1)
-    in_win = (base >= 0) & (within >= 1) & (within <= fcum[..., -1])
-    fchosen = torch.searchsorted(fcum, within.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    bits = torch.where(in_win, base + (fchosen << FINE_SHIFT), chosen << COARSE_SHIFT)
-    value = bits.to(torch.int32).view(torch.float32)
-    value = torch.where(n > 0, value, torch.zeros_like(value))
-    centred = ((bits >> FINE_SHIFT) - BINS // 2).clamp(min=0) << FINE_SHIFT
-    nxt = torch.where(n > 0, torch.where(in_win, centred, chosen << COARSE_SHIFT), -1)
-    return value, nxt.to(sel.dtype)

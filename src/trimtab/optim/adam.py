@@ -15,6 +15,7 @@ import torch
 from trimtab._impl import resolve_impl
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
+from trimtab.kernels import optim_layout as lay
 from trimtab.lifecycle import register
 from trimtab.optim import _reference as ref
 from trimtab.optim._slots import _SLOT_DOCS, NORM_EPS, SLOT_NAMES, WEIGHT_BOUND_FLOOR
@@ -230,8 +231,12 @@ class Adam(TritonPath, torch.optim.Optimizer):
         self._lr_dev = torch.zeros(num_groups, device=device)
         self._lr_host: list[Any] = [None] * num_groups
         self._consts: dict[Any, torch.Tensor] = {}
+        self._init_workspace(num_groups)
         if self.impl == "triton":
-            self._init_kernel_state(num_groups)
+            self._init_kernel_state()
+        # torch.amp.GradScaler hands this optimizer its scale and found_inf (as attributes
+        # grad_scale and found_inf) instead of unscaling and checking on the host.
+        self._step_supports_amp_scaling = True
         register(
             self,
             "reset_state",
@@ -307,21 +312,31 @@ class Adam(TritonPath, torch.optim.Optimizer):
                 self._lr_host[i] = lr
         return self._lr_dev
 
-    def _coefficients(self) -> torch.Tensor:
-        """``[G, 3]``: the decay rate, L1 threshold per lr and weight bound each group uses."""
-        groups = self.param_groups
-        auto = self._const("auto", [g["weight_decay"] == "auto" for g in groups], torch.bool)
-        fixed = self._const(
-            "fixed",
-            [0.0 if g["weight_decay"] == "auto" else float(g["weight_decay"]) for g in groups],
-            torch.float32,
-        )
-        decay = torch.where(auto, torch.fmax(self._slot("decay"), fixed.new_zeros(())), fixed)
-        l1 = torch.fmax(self._slot("l1"), fixed.new_zeros(()))
-        wb = self._slot("weight_bound")
-        floor = torch.full((), WEIGHT_BOUND_FLOOR, device=self.device)
-        bound = torch.where(torch.isnan(wb), _INF, torch.fmax(wb, floor))
-        return torch.stack([decay, l1, bound], dim=1)
+    def _init_workspace(self, num_groups: int) -> None:
+        """The step's workspace (layout: :mod:`trimtab.kernels.optim_layout`), the same for
+        both paths: per group the scalar partials, histograms, window bases and the L1
+        gradients' entropy deficit; one sampling phase."""
+        dev = self.device
+        shape = (num_groups, lay.REPLICAS, lay.PART_WIDTH)
+        self._parts = torch.zeros(shape, dtype=torch.int32, device=dev)
+        self._ints = torch.zeros(num_groups, lay.INT_WIDTH, dtype=torch.int32, device=dev)
+        self._sel = torch.full((num_groups, 3), -1, dtype=torch.int32, device=dev)
+        self._phase = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._deficit = torch.full((num_groups,), math.nan, device=dev)
+        self._slot_views = [
+            tuple(self._slot(n)[gi] for n in ("decay", "l1", "weight_bound"))
+            for gi in range(num_groups)
+        ]
+
+    def _work(self, gi: int) -> lay.Workspace:
+        return lay.Workspace(self._parts[gi], self._ints[gi], self._sel[gi], self._phase)
+
+    def _clear_workspace(self) -> None:
+        self._sel.fill_(-1)
+        self._phase.zero_()
+        self._ints.zero_()
+        self._parts.zero_()
+        self._deficit.fill_(math.nan)
 
     @staticmethod
     def _needs_stats(group: Mapping[str, Any]) -> bool:
@@ -355,48 +370,124 @@ class Adam(TritonPath, torch.optim.Optimizer):
             steps.append(state["step"])
         return params, grads, ms, vs, steps
 
+    def _skip_flag(self, found_inf: torch.Tensor | None) -> torch.Tensor | None:
+        """``found_inf`` (or GradScaler's ``self.found_inf``) as a 0-dim float32 device tensor."""
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+            if found_inf is None:
+                return None
+        if not isinstance(found_inf, torch.Tensor) or found_inf.numel() != 1:
+            raise TypeError(
+                "found_inf must be a one-element tensor (nonzero: skip this step), got "
+                f"{found_inf!r}; pass found_inf=None to always step"
+            )
+        if found_inf.device != self.device:
+            raise ValueError(
+                f"found_inf is on {found_inf.device}, the parameters on {self.device}; the "
+                "skip is decided on the parameters' device (a copy here would be a host sync)"
+            )
+        on_host = [not g["capturable"] for g in self.param_groups]
+        if self.impl == "torch" and self.device.type != "cpu" and any(on_host):
+            raise ValueError(
+                "found_inf needs step counts on the device: pass capturable=True (the "
+                "reference path on a GPU keeps them on the CPU otherwise), or found_inf=None"
+            )
+        return found_inf.reshape(()).to(torch.float32)
+
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        """One optimizer step over every parameter with a gradient; no host sync."""
+    def step(self, closure: Any = None, *, found_inf: torch.Tensor | None = None) -> Any:
+        """One optimizer step over every parameter with a gradient; no host sync.
+
+        ``found_inf``: a one-element device tensor (bool or float), as
+        ``torch.amp.GradScaler`` computes it; nonzero skips the step on the device: parameters,
+        moments, step counts and every statistic and slot stay exactly as they were. A
+        GradScaler that steps this optimizer passes its scale and ``found_inf`` itself (the
+        gradients are then unscaled inside the step)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        skip = self._skip_flag(found_inf)
+        grad_scale = getattr(self, "grad_scale", None)
         if self.impl == "triton":
-            self._step_triton()
-            return loss
-        coef = self._coefficients()
-        num_groups = len(self.param_groups)
-        observed = [False] * num_groups
-        rows: list[torch.Tensor | None] = [None] * num_groups
+            from trimtab.kernels.optim import adam_group_step_triton as group_step
+        else:
+            group_step = ref.adam_group_step_reference
+        observed = [False] * len(self.param_groups)
+        all_steps: list[torch.Tensor] = []
         for gi, group in enumerate(self.param_groups):
             params, grads, ms, vs, steps = self._group_tensors(group)
             if not params:
                 continue
+            lr = group["lr"]
+            if self.impl == "triton" and isinstance(lr, torch.Tensor):
+                raise ValueError(
+                    "the Triton path takes a Python float lr; use impl='torch' for a tensor lr"
+                )
             stats = self._needs_stats(group)
             observed[gi] = stats
+            l1_params = [group["l1"] and p.dim() >= 2 for p in params]
+            if stats and any(l1_params):
+                cols = [ref.feature_axis_sq_norms(g) for g, f in zip(grads, l1_params) if f]
+                self._deficit[gi].copy_(ref.entropy_deficit(cols, self.device))
             wd = group["weight_decay"]
             beta1, beta2 = group["betas"]
-            rows[gi] = ref.adam_group_step_reference(
-                params, grads, ms, vs, steps,
-                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                weight_decay=coef[gi, 0] if wd == "auto" else wd,
-                l1=coef[gi, 1] if group["l1"] else None,
-                l1_params=[group["l1"] and p.dim() >= 2 for p in params],
-                bound=coef[gi, 2] if group["weight_clamp"] else None,
-                capturable=group["capturable"], stats=stats, quantile=self.quantile,
+            group_step(
+                params, grads, ms, vs, steps, self._work(gi),
+                lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"],
+                weight_decay=None if wd == "auto" else float(wd), slots=self._slot_views[gi],
+                l1_params=l1_params, clamp=group["weight_clamp"], stats=stats,
+                floor=WEIGHT_BOUND_FLOOR, skip=skip, grad_scale=grad_scale,
+                capturable=group["capturable"],
             )  # fmt: skip
-        if any(observed):
-            nan = torch.full((ref.NUM_STATS,), math.nan, device=self.device)
-            s = torch.stack([nan if r is None else r.to(self.device) for r in rows])
-            self._fold(s, observed, coef[:, 1])
+            all_steps.extend(steps)
+        if not all_steps:
+            return loss
+        if self.impl == "triton" and self._finalize_impl == "triton":
+            self._finalize_triton(observed, all_steps, skip)
+        else:
+            self._finalize_reference(observed, all_steps, skip)
         return loss
 
-    def _fold(self, s: torch.Tensor, observed: list[bool], l1_coef: torch.Tensor) -> None:
-        """Turn one step's raw statistics ``[G, NUM_STATS]`` into observations and fold them;
-        ``l1_coef`` is the L1 threshold per unit lr each group used in the step."""
+    def _finalize_reference(
+        self, observed: list[bool], steps: list[torch.Tensor], skip: torch.Tensor | None
+    ) -> None:
+        """The finalize in torch (the CPU path, and the finalize kernel's oracle): reduce the
+        workspace, take the quantiles, fold, step the counters and the phase, clear."""
+        keep = None if skip is None else skip == 0
+        if any(observed):
+            q, nxt = lay.window_quantiles_reference(self._ints, self._sel, self.quantile)
+            parts = lay.parts_reference(self._parts)
+            s = torch.cat([parts[:, :8], q, self._deficit[:, None], parts[:, 8:]], dim=1)
+            l1_coef = torch.fmax(self._slot("l1"), torch.zeros((), device=self.device))
+            self._fold(s, observed, l1_coef, keep)
+            self._sel.copy_(nxt if keep is None else torch.where(keep, nxt, self._sel))
+        self._ints.zero_()
+        self._parts.zero_()
+        self._deficit.fill_(math.nan)
+        if keep is None:
+            torch._foreach_add_(steps, 1.0)
+            self._phase.add_(1)
+        else:
+            inc = keep.float()
+            torch._foreach_add_(steps, [inc.to(s.device) for s in steps])
+            self._phase.add_(keep.int())
+        self._phase.remainder_(lay.PHASE_PERIOD)
+
+    def _fold(
+        self,
+        s: torch.Tensor,
+        observed: list[bool],
+        l1_coef: torch.Tensor,
+        keep: torch.Tensor | None = None,
+    ) -> None:
+        """Turn one step's statistics ``[G, NUM_STATS]`` into observations and fold them;
+        ``l1_coef`` is the L1 threshold per unit lr each group used in the step; ``keep``
+        (0-dim bool, False: a skipped step) masks every observation and slot write."""
         groups = self.param_groups
         seen = self._const("observed", observed, torch.bool)
+        if keep is not None:
+            seen = seen & keep
         clamp = seen & self._const("clamp", [g["weight_clamp"] for g in groups], torch.bool)
         auto = seen & self._const("auto", [g["weight_decay"] == "auto" for g in groups], torch.bool)
         l1 = seen & self._const("l1on", [g["l1"] for g in groups], torch.bool)
@@ -436,7 +527,8 @@ class Adam(TritonPath, torch.optim.Optimizer):
         value[1] = torch.where(runaway, torch.minimum(lcb, 1.0 / lr), 0.0)
         value[6] = est[6] - z * se[6]
         for i, name in enumerate(SLOT_NAMES):
-            self._slot(name).copy_(value[i])
+            slot = self._slot(name)
+            slot.copy_(value[i] if keep is None else torch.where(keep, value[i], slot))
 
     # --- lifecycle ------------------------------------------------------------------------
     @torch.no_grad()
@@ -451,8 +543,7 @@ class Adam(TritonPath, torch.optim.Optimizer):
         self.engagement.reset()
         for name in SLOT_NAMES:
             self._slot(name).fill_(math.nan)
-        if self.impl == "triton":
-            self._clear_kernel_state()
+        self._clear_workspace()
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -461,8 +552,8 @@ class Adam(TritonPath, torch.optim.Optimizer):
             "state_vector": self.state_vector.state_dict(),
             "ema": self._ema.state_dict(),
             "engagement": self.engagement.state_dict(),
-            "quantile_bins": self._sel.clone() if self.impl == "triton" else None,
-            "sample_phase": self._phase.clone() if self.impl == "triton" else None,
+            "quantile_bins": self._sel.clone(),
+            "sample_phase": self._phase.clone(),
         }
         return sd
 
@@ -483,12 +574,12 @@ class Adam(TritonPath, torch.optim.Optimizer):
         self.state_vector.load_state_dict(saved)
         self._ema.load_state_dict(extra["ema"])
         self.engagement.load_state_dict(extra["engagement"])
-        if self.impl == "triton":
-            self._clear_kernel_state()  # the moments are new tensors: new pointer tables
-            bins = extra.get("quantile_bins")
-            if bins is not None and tuple(bins.shape) == tuple(self._sel.shape):
-                self._sel.copy_(bins)
-            if extra.get("sample_phase") is not None:
-                self._phase.copy_(extra["sample_phase"])
+        self._clear_workspace()
+        # The window bases and the sampling phase: the quantiles continue as they would have.
+        bins = extra.get("quantile_bins")
+        if bins is not None and tuple(bins.shape) == tuple(self._sel.shape):
+            self._sel.copy_(bins)
+        if extra.get("sample_phase") is not None:
+            self._phase.copy_(extra["sample_phase"])
         for group in self.param_groups:
             _check_group(group)
