@@ -430,3 +430,60 @@ def test_gpu_kernel_matches_torch_fused_adamw_with_features_off(capturable):
         theirs.step()
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+# --- found_inf and GradScaler ---------------------------------------------------------------
+def _amp_run(use_scaler, inf_at=None, steps=6):
+    torch.manual_seed(0)
+    ps = make_params(torch.float32)
+    opt = topt.Adam([{"params": ps[:1], "l1": True}, {"params": ps[1:]}], lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if use_scaler else None
+    x = torch.linspace(-1, 1, 7)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = sum((p * p).sum() * (1 + step) for p in ps) + (ps[2] * x).sum()
+        if step == inf_at:
+            loss = loss * math.inf
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)  # hands opt its scale and found_inf: no unscale, no host check
+            scaler.update()
+    return ps, opt, scaler
+
+
+def test_grad_scaler_hands_its_scale_and_found_inf_to_the_step():
+    """A power-of-two scale unscales exactly, so GradScaler + Adam steps exactly as plain
+    Adam; an Inf loss is skipped on the device (the step count stays) and the scale halves."""
+    plain, plain_opt, _ = _amp_run(False)
+    scaled, scaled_opt, _ = _amp_run(True)
+    assert scaled_opt._step_supports_amp_scaling
+    for p, q in zip(plain, scaled):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    torch.testing.assert_close(
+        plain_opt.state_vector.tensor, scaled_opt.state_vector.tensor, rtol=0, atol=0,
+        equal_nan=True,
+    )  # fmt: skip
+    skipped, opt, scaler = _amp_run(True, inf_at=3)
+    assert opt.state[skipped[0]]["step"].item() == 5
+    assert scaler.get_scale() == 2.0**9
+    assert all(torch.isfinite(p).all() for p in skipped)
+    assert not hasattr(opt, "found_inf") and not hasattr(opt, "grad_scale")
+
+
+@pytest.mark.parametrize(
+    ("found_inf", "exc", "pattern"),
+    [
+        (1.0, TypeError, "one-element tensor"),
+        (torch.zeros(2), TypeError, "one-element tensor"),
+        (torch.zeros((), device="meta"), ValueError, "decided on the parameters' device"),
+    ],
+)
+def test_bad_found_inf(found_inf, exc, pattern):
+    ps = make_params(torch.float32)
+    opt = topt.Adam(ps)
+    set_grads(0, ps)
+    with pytest.raises(exc, match=pattern):
+        opt.step(found_inf=found_inf)

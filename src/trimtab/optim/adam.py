@@ -82,15 +82,22 @@ class Adam(TritonPath, torch.optim.Optimizer):
     clamp), ``|m|`` and ``|v|``, the clamp's engagement count and the max ``|w|``; each step's
     observation is folded into the slots by an :class:`~trimtab.AdaptiveEMA`. The coefficients a
     step uses come from the slots as they stood before it (one step of lag, so the kernel reads
-    every tensor once). The reference
-    (:func:`trimtab.optim._reference.adam_group_step_reference`, the CPU path) takes exact
-    quantiles. On CUDA (:mod:`trimtab.kernels.optim`) a step is one fused update launch per
-    group, whose sums cover every element and whose quantiles come from a rotating systematic
-    sample of 1024-element chunks (at least 2**17 elements, every chunk once per at most 64
-    steps), read to within 2**-8 below the sampled order statistic (within a factor 2 below on a
-    step where the quantile moves by more than √2), then one finalize launch for all groups
-    (quantiles, engagement correction, both EMAs, slots, step counters): two launches in all for
-    one group, no host sync, capturable in a CUDA graph.
+    every tensor once). Both paths compute the same statistics by one definition
+    (:mod:`trimtab.kernels.optim_layout`): the sums cover every element, and the quantiles
+    come from a rotating systematic sample of 1024-element chunks (at least 2**17 elements,
+    every chunk once per at most 64 steps; every element below 256K parameters), read to
+    within 2**-8 below the sampled order statistic (within a factor 2 below on a step where
+    the quantile moves by more than √2). The reference
+    (:func:`trimtab.optim._reference.adam_group_step_reference`, the CPU path) samples and
+    bins the very elements the kernel does. On CUDA (:mod:`trimtab.kernels.optim`) a step is
+    one fused update launch per group, then one finalize launch for all groups (quantiles,
+    engagement correction, both EMAs, slots, step counters): two launches in all for one
+    group, no host sync, capturable in a CUDA graph.
+
+    **Skipped steps** (``step(found_inf=flag)``, or a ``torch.amp.GradScaler`` stepping this
+    optimizer, which hands it its scale and flag): a nonzero flag leaves parameters, moments,
+    step counts and every statistic, estimate and slot bitwise unchanged, decided on the
+    device (a select in the reference, masked stores in the kernels).
 
     **Weight clamp** (``weight_clamp=True``): ``|w| <= b``, ``b`` the group's ``weight_bound``
     slot read as ``max(slot, WEIGHT_BOUND_FLOOR)``, no clamp while unset. The slot is the EMA
