@@ -34,7 +34,7 @@ def test_fault_injection_names_slot_and_step(tmp_path):
         out = tmp_path / f"t{i}"
 
         def setup(learner, fault=(name, step, float(value))):
-            learner.stability.fault = fault
+            learner.stability.checks.fault = fault
 
         with pytest.raises(TrainingHalted, match=re.escape(repr(name))):
             train(tiny(out), setup=setup)
@@ -50,7 +50,7 @@ def test_sanitize_continues_with_finite_weights(tmp_path):
     out = tmp_path / "run"
 
     def setup(learner):
-        learner.stability.fault = ("grad.trunk.0.weight", 3, float("nan"))
+        learner.stability.checks.fault = ("grad.trunk.0.weight", 3, float("nan"))
 
     summary = train(tiny(out, on_nonfinite="sanitize"), setup=setup)
     assert summary["halted"] is None and summary["folds"][0]["nonfinite"] >= 1
@@ -63,7 +63,7 @@ def test_sanitize_continues_with_finite_weights(tmp_path):
 @pytest.mark.parametrize("mode", ["adaptive", "off"])
 def test_diagnostics_never_change_training(tmp_path, mode):
     def quiet(learner):
-        learner.stability.diagnostics = False
+        learner.stability.checks.enabled = False
 
     train(tiny(tmp_path / "on", stability=mode))
     train(tiny(tmp_path / "off", stability=mode), setup=quiet)

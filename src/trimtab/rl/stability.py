@@ -80,7 +80,7 @@ class _FixedClamp:
         return r
 
 
-@dataclass
+@dataclass(slots=True)  # slots: setting a field it lacks raises instead of doing nothing
 class Stability:
     """The parts of one run's stability, built by :func:`build_stability`; the learn step
     (:meth:`trimtab.rl.learner.Learner.learn`) calls each at its place in the step."""
