@@ -1,0 +1,385 @@
+"""AdaptiveEMA on a bank of 21 signal families, split up front into a tuning and a held-out half.
+
+Usage: ``python benchmarks/bench_ema_bank.py [--quick] [--out PATH] [--device DEVICE]``
+
+Each family is parameterised and seeded (its parameters are drawn per seed); the split is fixed
+in ``FAMILIES`` by family, before any result was seen, and the estimator's constants were chosen
+on the ``tune`` half only. Every family's siblings sit in both halves (a short burst to tune on,
+a 1%-of-the-run burst held out; multiplicative noise at a constant level to tune on, level
+regimes with noise proportional to the level held out), so the held-out half asks whether what
+was learnt on one generalises to the other.
+
+Two banks are scored, as ``bench_ema.py`` scores its five signals (the mean over all steps of
+the squared error against the true level, averaged over seeds, against fixed-rate EMAs whose
+first observation replaces, rates ``FIXED_ALPHAS``):
+
+- ``update``: every family with a finite mean, :meth:`AdaptiveEMA.update` against fixed EMAs of
+  ``y``; the error is on the linear scale, against the true mean.
+- ``update_log``: the positive families (multiplicative noise, the shape of a p99 stream),
+  :meth:`AdaptiveEMA.update_log` against fixed EMAs of ``log y``; the error is on the log scale,
+  against the log of the true median level (a relative error: scale-free, as a magnitude is).
+
+The target is adaptive MSE ≤ 1.25 × the best fixed rate in hindsight on every family of the
+held-out half. All families × seeds of one bank run as the slots of ONE AdaptiveEMA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from trimtab import AdaptiveEMA
+from trimtab.benchmarking import provenance
+
+FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
+TARGET_RATIO = 1.25
+DEFAULT_OUT = Path(__file__).parent / "results" / "ema_bank.json"
+
+Tensor = torch.Tensor
+
+
+class Draw:
+    """Seeded draws for one run of a family (float64, CPU)."""
+
+    def __init__(self, gen: torch.Generator, steps: int) -> None:
+        self.gen, self.steps = gen, steps
+
+    def u(self) -> float:
+        return float(torch.rand((), generator=self.gen, dtype=torch.float64))
+
+    def sign(self) -> float:
+        return 1.0 if self.u() < 0.5 else -1.0
+
+    def randn(self) -> Tensor:
+        return torch.randn(self.steps, generator=self.gen, dtype=torch.float64)
+
+    def rand(self) -> Tensor:
+        return torch.rand(self.steps, generator=self.gen, dtype=torch.float64)
+
+    def student_t(self, dof: float) -> Tensor:
+        """Student-t noise of ``dof`` degrees of freedom scaled to unit variance (dof > 2)."""
+        chi2 = torch.distributions.Gamma(dof / 2.0, 0.5).sample((self.steps,))
+        # Gamma.sample draws from the global generator: reseed it from ours, so runs repeat.
+        return self.randn() / (chi2 / dof).sqrt() * math.sqrt((dof - 2.0) / dof)
+
+    def regimes(self, mean_len: float) -> Tensor:
+        """Regime index per step: switches at a rate 1/mean_len, at least one in the run."""
+        switch = self.rand() < 1.0 / mean_len
+        switch[int(self.steps * (0.2 + 0.6 * self.u()))] = True
+        switch[0] = False
+        return torch.cumsum(switch.long(), 0)
+
+
+# A family: (draw) -> (obs, true mean or None, true log-median or None). Additive families have a
+# mean only; positive ones (noise multiplicative, lognormal) have both.
+Maker = Callable[[Draw], tuple[Tensor, Tensor | None, Tensor | None]]
+
+
+def _additive(level: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, None]:
+    return level + noise, level, None
+
+
+def _positive(log_level: Tensor, d: Draw, sd: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Lognormal noise of log-sd ``sd`` around ``exp(log_level)`` (its median)."""
+    obs = (log_level + sd * d.randn()).exp()
+    return obs, (log_level + 0.5 * sd * sd).exp(), log_level
+
+
+def _t(d: Draw) -> Tensor:
+    return torch.arange(d.steps, dtype=torch.float64)
+
+
+def stationary(d: Draw):
+    return _additive(torch.full((d.steps,), 10.0 * d.u() - 5.0, dtype=torch.float64), d.randn())
+
+
+def step(d: Draw):
+    at = int(d.steps * (0.25 + 0.5 * d.u()))
+    return _additive(torch.where(_t(d) >= at, 5.0 * d.sign(), 0.0).double(), d.randn())
+
+
+def random_walk(d: Draw):
+    return _additive(torch.cumsum(0.1 * d.randn(), 0), d.randn())
+
+
+def drift(d: Draw):
+    """One slow cycle of a sine over the run, amplitude 3σ (bench_ema's ``drift``)."""
+    phase = 2.0 * math.pi * d.u()
+    return _additive(3.0 * torch.sin(2.0 * math.pi * _t(d) / d.steps + phase), d.randn())
+
+
+def spikes(d: Draw):
+    """Constant level; with probability 0.005 per step the observation is level ± 20σ."""
+    level = torch.full((d.steps,), 10.0 * d.u() - 5.0, dtype=torch.float64)
+    obs = level + d.randn()
+    hit = d.rand() < 0.005
+    signs = torch.where(d.rand() < 0.5, -1.0, 1.0).double()
+    return torch.where(hit, level + 20.0 * signs, obs), level, None
+
+
+def one_sided_outliers(d: Draw):
+    """Constant level; with probability 0.01 per step the observation is level + 8…30σ."""
+    level = torch.full((d.steps,), 10.0 * d.u() - 5.0, dtype=torch.float64)
+    hit = d.rand() < 0.01
+    size = 8.0 + 22.0 * d.rand()
+    return torch.where(hit, level + size, level + d.randn()), level, None
+
+
+def ramp(d: Draw):
+    """A linear ramp over the whole run, from 0 to ±(5…20)σ."""
+    return _additive(d.sign() * (5.0 + 15.0 * d.u()) * _t(d) / d.steps, d.randn())
+
+
+def _burst(d: Draw, length: int, height: float):
+    at = int(d.steps * (0.2 + 0.6 * d.u()))
+    on = (_t(d) >= at) & (_t(d) < at + length)
+    return _additive(torch.where(on, height * d.sign(), 0.0).double(), d.randn())
+
+
+def burst_short(d: Draw):
+    """A real level change of 8σ lasting 8 steps, on a constant level."""
+    return _burst(d, 8, 8.0)
+
+
+def burst(d: Draw):
+    """A real level change of 5σ lasting 1% of the run (the issue's burst)."""
+    return _burst(d, max(d.steps // 100, 3), 5.0)
+
+
+def burst_long(d: Draw):
+    """A real level change of 3σ lasting 5% of the run."""
+    return _burst(d, max(d.steps // 20, 5), 3.0)
+
+
+def student_t(d: Draw):
+    """Heavy-tailed noise (Student-t, 2.5 d.o.f., unit variance) around a constant level."""
+    level = torch.full((d.steps,), 10.0 * d.u() - 5.0, dtype=torch.float64)
+    return _additive(level, d.student_t(2.5))
+
+
+def ar1_noise(d: Draw):
+    """Autocorrelated noise (AR(1), φ = 0.7, unit variance) around a constant level."""
+    e, phi = d.randn(), 0.7
+    x = torch.empty_like(e)
+    x[0] = e[0]
+    for i in range(1, len(e)):
+        x[i] = phi * x[i - 1] + math.sqrt(1.0 - phi * phi) * e[i]
+    return _additive(torch.full_like(e, 3.0 * d.u()), x)
+
+
+def level_regimes(d: Draw):
+    """Piecewise-constant level: jumps of 2…10σ at a rate of one per ~600 steps."""
+    k = d.regimes(600.0)
+    jumps = (2.0 + 8.0 * torch.rand(int(k.max()) + 1, generator=d.gen, dtype=torch.float64)) * (
+        torch.randint(0, 2, (int(k.max()) + 1,), generator=d.gen).double() * 2 - 1
+    )
+    jumps[0] = 0.0
+    return _additive(torch.cumsum(jumps, 0)[k], d.randn())
+
+
+def noise_regimes(d: Draw):
+    """Constant level; the noise sd switches between 1 and 8 at a rate of one per ~600 steps."""
+    k = d.regimes(600.0)
+    sd = torch.where(k % 2 == 0, 1.0, 8.0).double()
+    return _additive(torch.full((d.steps,), 10.0 * d.u() - 5.0, dtype=torch.float64), sd * d.randn())
+
+
+def mult_noise(d: Draw):
+    """Positive: lognormal noise (log-sd 0.5) around a constant level 10^(-3…3)."""
+    log_level = torch.full((d.steps,), math.log(10.0) * (6.0 * d.u() - 3.0), dtype=torch.float64)
+    return _positive(log_level, d, 0.5)
+
+
+def mult_regimes(d: Draw):
+    """Positive: level ×40, then to 1/200 of that, then ×40 (thirds of the run), noise
+    proportional to the level (log-sd 0.3): the issue's first signal."""
+    third = (_t(d) * 3 / d.steps).long().clamp(max=2)
+    factors = torch.tensor([0.0, math.log(40.0), math.log(40.0 / 200.0)], dtype=torch.float64)
+    base = math.log(10.0) * (4.0 * d.u() - 2.0)
+    return _positive(base + factors.cumsum(0)[third], d, 0.3)
+
+
+def scale_shifts(d: Draw):
+    """Positive: level shifts by ×10^k, k uniform in [-3, 3], one per ~750 steps, log-sd 0.3."""
+    k = d.regimes(750.0)
+    n = int(k.max()) + 1
+    logs = math.log(10.0) * (6.0 * torch.rand(n, generator=d.gen, dtype=torch.float64) - 3.0)
+    logs[0] = 0.0
+    return _positive(torch.cumsum(logs, 0)[k], d, 0.3)
+
+
+def shrink(d: Draw):
+    """Positive: a level that shrinks by 10^(2…4) over the run (gradients as training
+    converges), log-sd 0.4."""
+    decades = 2.0 + 2.0 * d.u()
+    return _positive(-math.log(10.0) * decades * _t(d) / d.steps, d, 0.4)
+
+
+def p99_burst(d: Draw):
+    """Positive: the level ×10 for 1% of the run (a burst of a p99), log-sd 0.3."""
+    at = int(d.steps * (0.2 + 0.6 * d.u()))
+    on = (_t(d) >= at) & (_t(d) < at + max(d.steps // 100, 3))
+    return _positive(torch.where(on, math.log(10.0), 0.0).double(), d, 0.3)
+
+
+def p99_growth(d: Draw):
+    """Positive: a level that grows ×10^(1…3) over the run along a slow S-curve, log-sd 0.3."""
+    decades = 1.0 + 2.0 * d.u()
+    x = (_t(d) / d.steps - 0.5) * 8.0
+    return _positive(math.log(10.0) * decades * torch.sigmoid(x), d, 0.3)
+
+
+def p99_heavy(d: Draw):
+    """Positive: heavy-tailed multiplicative noise (log-scale Student-t, 3 d.o.f., log-sd 0.3)
+    around a constant level: its mean is infinite, so it is scored on the log scale only."""
+    log_level = torch.full((d.steps,), math.log(10.0) * (4.0 * d.u() - 2.0), dtype=torch.float64)
+    return (log_level + 0.3 * d.student_t(3.0)).exp(), None, log_level
+
+
+# The split, fixed by family before any result was seen: the first column is tuned on.
+FAMILIES: dict[str, tuple[str, Maker]] = {
+    # tune
+    "stationary": ("tune", stationary),
+    "random_walk": ("tune", random_walk),
+    "spikes": ("tune", spikes),
+    "ramp": ("tune", ramp),
+    "burst_short": ("tune", burst_short),
+    "ar1_noise": ("tune", ar1_noise),
+    "level_regimes": ("tune", level_regimes),
+    "mult_noise": ("tune", mult_noise),
+    "scale_shifts": ("tune", scale_shifts),
+    "p99_growth": ("tune", p99_growth),
+    # held out
+    "step": ("held_out", step),
+    "drift": ("held_out", drift),
+    "burst": ("held_out", burst),
+    "burst_long": ("held_out", burst_long),
+    "student_t": ("held_out", student_t),
+    "one_sided_outliers": ("held_out", one_sided_outliers),
+    "noise_regimes": ("held_out", noise_regimes),
+    "mult_regimes": ("held_out", mult_regimes),
+    "shrink": ("held_out", shrink),
+    "p99_burst": ("held_out", p99_burst),
+    "p99_heavy": ("held_out", p99_heavy),
+}
+HALVES = ("tune", "held_out")
+
+
+def make(name: str, steps: int, seed: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """One run of family ``name``: (observations, true mean or None, true log-median or None)."""
+    index = list(FAMILIES).index(name)
+    gen = torch.Generator().manual_seed(7919 * seed + index)
+    torch.manual_seed(7919 * seed + index)  # torch.distributions draws from the global one
+    return FAMILIES[name][1](Draw(gen, steps))
+
+
+def _score(
+    obs: Tensor, truth: Tensor, log: bool, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """MSE per slot of the adaptive EMA ``[slots]`` and of each fixed rate ``[rates, slots]``."""
+    obs, truth = obs.to(device), truth.to(device)
+    slots = obs.shape[1]
+    ema = AdaptiveEMA(slots, device=device)
+    y = obs.log() if log else obs
+    alphas = torch.tensor(FIXED_ALPHAS, dtype=torch.float64, device=device)[:, None]
+    fixed = y[0].expand(len(FIXED_ALPHAS), slots).clone()  # first observation replaces
+    err_a = torch.zeros(slots, dtype=torch.float64, device=device)
+    err_f = torch.zeros_like(fixed)
+    for i in range(obs.shape[0]):
+        if i:
+            fixed += alphas * (y[i] - fixed)
+        if log:
+            ema.update_log(obs[i].float())
+        else:
+            ema.update(obs[i].float())
+        err_a += (ema.estimate.double() - truth[i]).square()
+        err_f += (fixed - truth[i]).square()
+    steps = obs.shape[0]
+    return err_a / steps, err_f / steps
+
+
+def run(steps: int, seeds: int, device: torch.device) -> dict[str, dict[str, dict]]:
+    """``{bank: {family: row}}``, bank ``update`` or ``update_log``."""
+    runs = {name: [make(name, steps, s) for s in range(seeds)] for name in FAMILIES}
+    out: dict[str, dict[str, dict]] = {}
+    for bank, log in (("update", False), ("update_log", True)):
+        names = [n for n in FAMILIES if runs[n][0][2 if log else 1] is not None]
+        obs = torch.stack([r[0] for n in names for r in runs[n]], 1)
+        truth = torch.stack([r[2 if log else 1] for n in names for r in runs[n]], 1)
+        mse_a, mse_f = _score(obs, truth, log, device)
+        mse_a = mse_a.view(len(names), seeds).mean(1).cpu()
+        mse_f = mse_f.view(len(FIXED_ALPHAS), len(names), seeds).mean(2).cpu()
+        rows: dict[str, dict] = {}
+        for j, name in enumerate(names):
+            row: dict = {"half": FAMILIES[name][0], "adaptive": float(mse_a[j])}
+            row.update({f"alpha={a:g}": float(mse_f[k, j]) for k, a in enumerate(FIXED_ALPHAS)})
+            best = min(FIXED_ALPHAS, key=lambda a: row[f"alpha={a:g}"])
+            row["best_fixed_alpha"] = best
+            row["ratio"] = row["adaptive"] / row[f"alpha={best:g}"]
+            rows[name] = row
+        out[bank] = rows
+    return out
+
+
+def markdown(rows: dict[str, dict], half: str) -> str:
+    """One half of one bank as a markdown table (the best fixed rate and the ratio)."""
+    head = ["family", "adaptive MSE", "best fixed α", "its MSE", "adaptive / best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, row in rows.items():
+        if row["half"] != half:
+            continue
+        a = row["best_fixed_alpha"]
+        ok = "✓" if row["ratio"] <= TARGET_RATIO else "✗"
+        cells = [name, f"{row['adaptive']:.4g}", f"{a:g}", f"{row[f'alpha={a:g}']:.4g}",
+                 f"{row['ratio']:.2f} {ok}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="300 steps, 2 seeds (for tests)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    steps, seeds = (300, 2) if args.quick else (3000, 5)
+    results = run(steps, seeds, torch.device(args.device))
+    print(f"AdaptiveEMA on the signal bank: tracking MSE, {steps} steps, {seeds} seeds")
+    for bank, rows in results.items():
+        for half in HALVES:
+            print(f"\n{bank}, {half} half\n")
+            print(markdown(rows, half))
+    worst = {
+        bank: {
+            half: max(
+                ((n, r["ratio"]) for n, r in rows.items() if r["half"] == half),
+                key=lambda x: x[1],
+            )
+            for half in HALVES
+        }
+        for bank, rows in results.items()
+    }
+    report: dict[str, object] = {
+        "benchmark": "ema_bank",
+        **provenance(args.device),
+        "device": args.device,
+        "steps": steps,
+        "seeds": seeds,
+        "fixed_alphas": FIXED_ALPHAS,
+        "target_ratio": TARGET_RATIO,
+        "split": {h: [n for n, (hh, _) in FAMILIES.items() if hh == h] for h in HALVES},
+        "worst": worst,
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
