@@ -260,16 +260,17 @@ class GymAdapter:
                 done = term or trunc
             returns.append(total)
         env.close()
+        recent = list(self.finished)
         row = {"fold": k, "episodes": len(returns), "mean_return": float(np.mean(returns)),
                "std_return": float(np.std(returns)), "min_return": float(np.min(returns)),
-               "max_return": float(np.max(returns))}  # fmt: skip
+               "max_return": float(np.max(returns)),
+               "train_return_last100": float(np.mean(recent)) if recent else None}  # fmt: skip
         return row, None
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         keys = ("episodes", "mean_return", "std_return", "min_return", "max_return")
-        recent = list(self.finished)
         return {
-            "train_return_last100": float(np.mean(recent)) if recent else None,
+            "train_return_last100": rows[-1]["train_return_last100"] if rows else None,
             "eval": {k: rows[-1][k] for k in keys} if rows else None,
         }
 
