@@ -166,3 +166,21 @@ def test_resume_of_a_gym_run_through_the_command_line(tmp_path, capsys):
     assert main(["train", "--resume", str(out), "--no-progress"]) == 0
     printed = json.loads(capsys.readouterr().out.split("run directory:")[0])
     assert printed == json.loads((out / "summary.json").read_text())["eval"]
+
+
+def test_a_gym_run_halts_like_a_market_run(tmp_path):
+    """The sentinel halts a Gymnasium run as it halts a market run: ``summary.json`` and
+    ``sentinel.json`` written, no greedy evaluation of NaN weights."""
+    from trimtab.rl.train import TrainingHalted
+
+    def poison(learner):
+        with torch.no_grad():
+            next(learner.agent.online.parameters()).fill_(float("nan"))
+
+    out = tmp_path / "run"
+    with pytest.raises(TrainingHalted, match="fired first"):
+        train(_config(out, 'run.on_nonfinite="halt"'), setup=poison)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["halted"] and summary["folds"] == [] and summary["eval"] is None
+    assert summary["updates"] == 5  # the first metrics row is the first host read
+    assert json.loads((out / "sentinel.json").read_text())["fired"]
