@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trimtab.rl.data import DataError, MarketData, load_ohlcv
+from trimtab.rl.data import DataError, MarketData, extreme_moves, load_ohlcv
 
 YAHOO = "Date,Open,High,Low,Close,Adj Close,Volume\n"
 SNAKE = "date,open,high,low,close,adj_close,volume\n"
@@ -84,6 +84,9 @@ DEFECTS = [
         {},
         ["line 11", "'Volume'", "negative volume"],
     ),
+    ("high_below_low", "A.csv", edit(GOOD, 4, 2, "5"), {}, ["line 4", "'High'", "below Low"]),
+    ("open_outside", "A.csv", edit(GOOD, 6, 1, "1"), {}, ["line 6", "'Open'", "outside"]),
+    ("close_outside", "A.csv", edit(GOOD, 5, 4, "13000"), {}, ["line 5", "'Close'", "outside"]),
     ("too_few_rows", "A.csv", GOOD, {"min_rows": 50}, ["A.csv", "10 aligned rows", "50"]),
     ("empty_file", "A.csv", "", {}, ["A.csv", "empty"]),
     ("header_only", "A.csv", YAHOO, {}, ["A.csv", "no data rows"]),
@@ -162,11 +165,11 @@ def test_yahoo_snake_parquet_and_long_formats_agree(tmp_path: Path) -> None:
 
 def test_returns_prefer_adjusted_close(tmp_path: Path) -> None:
     path = tmp_path / "A.csv"
-    path.write_text(YAHOO + "2021-03-01,1,1,1,10,5,1\n2021-03-02,1,1,1,10,10,1\n")
+    path.write_text(YAHOO + "2021-03-01,10,10,10,10,5,1\n2021-03-02,10,10,10,10,10,1\n")
     d = load_ohlcv(path)
     np.testing.assert_allclose(d.log_returns()[:, 0], [0.0, np.log(2.0)])
     path.write_text(
-        SNAKE.replace(",adj_close", "") + "2021-03-01,1,1,1,10,1\n2021-03-02,1,1,1,20,1\n"
+        SNAKE.replace(",adj_close", "") + "2021-03-01,10,10,10,10,1\n2021-03-02,20,20,20,20,1\n"
     )
     np.testing.assert_allclose(load_ohlcv(path).log_returns()[:, 0], [0.0, np.log(2.0)])
 
@@ -260,3 +263,34 @@ def test_an_asset_given_twice_is_an_error(tmp_path: Path) -> None:
     frame(DAYS).to_parquet(tmp_path / "A.parquet")
     with pytest.raises(DataError, match=r"asset 'A' also comes from .*A.csv"):
         load_ohlcv(tmp_path)
+
+
+def _walk(n: int, seed: int = 0, sigma: float = 0.01) -> np.ndarray:
+    """Closes of a heavy-tailed random walk (Student-t, 3 d.o.f.)."""
+    r = np.random.default_rng(seed).standard_t(3, n) * sigma
+    return 100 * np.exp(np.cumsum(r))
+
+
+def _ohlcv(closes: np.ndarray) -> str:
+    dates = pd.bdate_range("2015-01-01", periods=len(closes))
+    return SNAKE + "".join(f"{d.date()},{c},{c},{c},{c},{c},100\n" for d, c in zip(dates, closes))
+
+
+def test_extreme_move_is_a_warning_with_its_date(tmp_path: Path) -> None:
+    """A bad tick (Close x1000 for one day) loads, with both of its moves named by date."""
+    closes = _walk(1500)
+    closes[700] *= 1000
+    path = tmp_path / "A.csv"
+    path.write_text(_ohlcv(closes))
+    d = load_ohlcv(path)
+    assert len(d.warnings) == 1 and "\n" not in d.warnings[0]
+    assert "2 extreme one-day move(s)" in d.warnings[0]
+    assert str(d.dates[700]) in d.warnings[0] and str(d.dates[701]) in d.warnings[0]
+    np.testing.assert_array_equal(np.nonzero(extreme_moves(d.log_returns()))[0], [700, 701])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_heavy_tails_are_not_extreme(tmp_path: Path, seed: int) -> None:
+    path = tmp_path / "A.csv"
+    path.write_text(_ohlcv(_walk(1500, seed)))
+    assert load_ohlcv(path).warnings == ()

@@ -181,3 +181,29 @@ def test_step_makes_no_host_sync_on_cuda() -> None:
             env.step(action)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_ruin_ends_the_episode_with_a_finite_reward() -> None:
+    """A bad tick (x1000, one day) against a short position: the portfolio loses everything
+    (a simple return of about -500), not more; the episode terminates and the env resets."""
+    from trimtab.rl.env import RUIN_EQUITY
+
+    feats = torch.zeros(6, 2, 1, dtype=torch.float64)
+    prices = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1000.0, 1.0], [1.0, 1.0], [1.0, 1.0],
+                           [1.0, 1.0]], dtype=torch.float64)  # fmt: skip
+    rets = torch.log(prices / prices.roll(1, 0))
+    rets[0] = 0.0
+    env = BatchedTradingEnv(feats, rets, 2, 4, cost_bps=0.0, dtype=torch.float32, seed=3)
+    env.reset(starts=[0, 0])
+    env.step(torch.tensor([[0, 1], [2, 1]]))  # env 0 short asset 0, env 1 long
+    res = env.step(torch.tensor([[0, 1], [2, 1]]))  # through the x1000 day
+    assert torch.isfinite(res.reward).all()
+    assert res.reward[0].item() == pytest.approx(math.log(RUIN_EQUITY), rel=1e-6)
+    assert res.terminated.tolist() == [True, False] and not res.truncated.any()
+    assert res.episode_return[0].item() == pytest.approx(math.log(RUIN_EQUITY), rel=1e-6)
+    assert torch.all(res.obs[0, 2:] == 0)  # reset: flat again
+    assert res.reward[1].item() == pytest.approx(math.log(1 + 0.5 * 999), rel=1e-6)
+    # evaluation: nothing is traded after the ruin day
+    ev = evaluate(feats, rets, torch.tensor([[0, 1]] * 5), start=0, cost_bps=0.0)
+    assert ev.ruin == 1 and np.isfinite(ev.log_returns).all()
+    assert np.all(ev.log_returns[2:] == 0) and np.all(ev.weights[2:] == 0)

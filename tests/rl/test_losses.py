@@ -161,3 +161,16 @@ def test_n_step_returns_hand_example():
 def test_n_step_discounts_zero_after_termination():
     d = n_step_discounts(torch.tensor([3, 2, 1]), torch.tensor([[False], [True]]), gamma=0.5)
     torch.testing.assert_close(d, torch.tensor([[0.125, 0.25, 0.5], [0.0, 0.0, 0.0]]))
+
+
+def test_projection_of_a_nan_target_is_nan_not_an_index_error():
+    """Issue 11: a NaN reward made Tz NaN and its cast to an index crashed the step. The NaN
+    stays visible (in the loss, for the sentinel and found_inf); no index leaves [0, N)."""
+    n = 5
+    z = atoms(torch.tensor(-1.0), torch.tensor(1.0), n)
+    tz = torch.stack([z, z + math.nan, z.clone().fill_(math.inf)])  # finite, NaN, +Inf rows
+    probs = torch.full((3, n), 1.0 / n)
+    m = c51_projection(tz, probs, torch.tensor(-1.0), torch.tensor(1.0))
+    torch.testing.assert_close(m[0], probs[0])
+    assert torch.isnan(m[1]).any()
+    torch.testing.assert_close(m[2], torch.tensor([0.0, 0, 0, 0, 1]))  # +Inf clips to V_max

@@ -24,6 +24,11 @@ Gaps
     reported by ``drop``/``ffill``: the next return then spans the gap. A row with *some* empty
     cells is always an error (which value should it have?). Assets are then aligned on the
     dates they all have (inner join); what each one lost is reported in ``MarketData.notes``.
+Consistency
+    ``High < Low``, or an Open or Close outside ``[Low, High]``, is an error. A one-day move far
+    outside the series' own spread (see :func:`extreme_moves`) is not (a crash is real), but it
+    is listed with its date in ``MarketData.warnings``: a bad tick or an unadjusted split looks
+    exactly like this and would dominate training and any test window that holds it.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ _FIX = {
     "date": "Write dates as YYYY-MM-DD.",
     "cell": "Fill in the value or delete the row (rows empty in every column "
     "are handled by gaps='drop'|'ffill').",
+    "ohlc": "Fix the row: a bar's Open and Close lie within [Low, High] (a misplaced decimal "
+    "or mixed-up columns give this).",
     "order": "Sort the file by date, oldest first, with one row per date.",
     "nan_row": "Delete it, or pass gaps='drop' or gaps='ffill'.",
     "data": "Give a file with data rows.",
@@ -85,6 +92,7 @@ class MarketData:
     adj_close: np.ndarray
     source: str = "synthetic"
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         t, a = len(self.dates), len(self.assets)
@@ -270,6 +278,7 @@ def _parse(path: Path, gaps: GapPolicy, max_gap_days: int) -> tuple[list[_Asset]
             kind = "negative volume" if c == "volume" else "zero or negative price"
             at = f"{unit} {where[i]}"
             raise _fail(file, at, cols[c], f"{kind} {vals[c][i]:g}", _FIX["row"])
+    _check_ohlc(vals, ~nan_row, cols, file, where, unit)
     if "symbol" in cols:
         sym = df[cols["symbol"]].astype(str).str.strip().to_numpy()
         groups = list(dict.fromkeys(sym))
@@ -285,6 +294,60 @@ def _parse(path: Path, gaps: GapPolicy, max_gap_days: int) -> tuple[list[_Asset]
         notes += _apply_gaps(a, nan_row[idx], gaps, max_gap_days, label, cols["date"], unit)
         assets.append(a)
     return assets, notes
+
+
+def _check_ohlc(
+    vals: dict[str, np.ndarray],
+    rows: np.ndarray,
+    cols: dict[str, str],
+    file: str,
+    where: np.ndarray,
+    unit: str,
+) -> None:
+    """``Low <= Open, Close <= High`` on every row with values (exact: equal prices pass)."""
+    o, h, lo, c = (vals[k] for k in ("open", "high", "low", "close"))
+    checks = (
+        ("high", h < lo, lambda i: f"High {h[i]:g} is below Low {lo[i]:g}"),
+        ("open", (o < lo) | (o > h), lambda i: f"Open {o[i]:g} is outside [Low, High] = "
+                                               f"[{lo[i]:g}, {h[i]:g}]"),
+        ("close", (c < lo) | (c > h), lambda i: f"Close {c[i]:g} is outside [Low, High] = "
+                                                f"[{lo[i]:g}, {h[i]:g}]"),
+    )  # fmt: skip
+    for col, bad, what in checks:
+        bad = bad & rows
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise _fail(file, f"{unit} {where[i]}", cols[col], what(i), _FIX["ohlc"])
+
+
+#: A one-day log return this many robust standard deviations (1.4826 x the median absolute
+#: deviation of the asset's own log returns) from its median is an extreme move. Why 30: daily
+#: returns have tails like Student-t with 3-4 degrees of freedom, where a 30-sigma day is rarer
+#: than 1 in 10,000 days; a bad tick (x1000: log 6.9) or a 1:10 split (log 2.3) is hundreds.
+EXTREME_MOVE_SIGMAS = 30.0
+
+
+def extreme_moves(log_returns: np.ndarray) -> np.ndarray:
+    """``[T, A]`` bool: the one-day moves far outside each asset's own spread (row 0, which
+    has no return, never). Robust: the median and MAD ignore the moves they are to find."""
+    r = np.asarray(log_returns, dtype=np.float64)[1:]
+    if len(r) == 0:
+        return np.zeros(np.shape(log_returns), dtype=bool)
+    med = np.median(r, axis=0)
+    spread = 1.4826 * np.median(np.abs(r - med), axis=0)
+    # a series without movement has no spread: any move at all is then extreme
+    out = np.abs(r - med) > EXTREME_MOVE_SIGMAS * spread
+    return np.vstack([np.zeros((1, r.shape[1]), dtype=bool), out])
+
+
+def describe_moves(data: MarketData, mask: np.ndarray, limit: int = 5) -> list[str]:
+    """``"ASSET on DATE: +690.8% (log +6.908)"`` for the first ``limit`` marked moves."""
+    r = data.log_returns()
+    days, assets = np.nonzero(mask)
+    return [
+        f"{data.assets[a]} on {data.dates[d]}: {np.expm1(r[d, a]):+.1%} (log {r[d, a]:+.3f})"
+        for d, a in zip(days[:limit], assets[:limit])
+    ]
 
 
 def _check_order(a: _Asset, file: str, col: str, unit: str) -> None:
@@ -413,4 +476,15 @@ def load_ohlcv(
     data = MarketData(
         common, tuple(a.name for a in assets), source=source, notes=tuple(notes), **cols
     )
-    return data.require_rows(min_rows, "min_rows")
+    data.require_rows(min_rows, "min_rows")
+    mask = extreme_moves(data.log_returns())
+    if mask.any():
+        shown = "; ".join(describe_moves(data, mask))
+        more = f" (and {int(mask.sum()) - 5} more)" if mask.sum() > 5 else ""
+        warning = (
+            f"{source}: {int(mask.sum())} extreme one-day move(s), over {EXTREME_MOVE_SIGMAS:g} "
+            f"robust standard deviations of the asset's own returns: {shown}{more}. A bad tick "
+            "or an unadjusted split looks like this; check those rows (or use Adj Close)"
+        )
+        data = replace(data, warnings=(warning,))
+    return data

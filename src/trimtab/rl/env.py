@@ -17,6 +17,12 @@ from torch import Tensor
 
 BPS = 1e-4
 
+#: Ruin: a day that ends with equity at or below this fraction of its starting equity (a
+#: numerical floor, not a tuned bound: float32's resolution of 1, i.e. nothing is left). A
+#: portfolio cannot lose more than everything, so a simple return below -100% (a short position
+#: through a day of +A x 100% for A assets) is ruin, with the finite reward log(RUIN_EQUITY).
+RUIN_EQUITY = float(torch.finfo(torch.float32).eps)
+
 
 class StepResult(NamedTuple):
     """What one batched ``step`` returns; every field has leading dimension ``n_envs``.
@@ -45,11 +51,14 @@ class BatchedTradingEnv:
 
         reward_t = log(1 + sum_a w_a R_{t+1,a}) - c * sum_a |w_a - w_prev_a|.
 
-    With ``|l| <= 1``, ``sum_a |w_a| <= 1`` and ``R > -1``, so the log argument is positive.
-    Costs are charged on entry and on every change; the position is not liquidated at the
-    end of the window. After the last step the episode is *truncated* (a time limit, so
-    bootstrap through it; ``terminated`` is always False: no state is absorbing) and the env
-    resets in the same call. Step makes no host synchronisation and has no Python loop over
+    With ``|l| <= 1``, ``sum_a |w_a| <= 1`` and ``R > -1``, but a short position loses more
+    than everything on a day with ``R > A`` (a bad tick, an unadjusted reverse split): when
+    ``1 + sum_a w_a R_a <= RUIN_EQUITY`` the day is *ruin*, its reward the finite
+    ``log(RUIN_EQUITY) - costs`` (about -15.9), and the episode *terminates* (equity is gone:
+    an absorbing state, no bootstrap). Costs are charged on entry and on every change; the
+    position is not liquidated at the end of the window. After the last step the episode is
+    *truncated* (a time limit, so bootstrap through it), and an ended episode resets in the
+    same call. Step makes no host synchronisation and has no Python loop over
     envs, so it runs on a GPU and can be captured in a CUDA graph.
     """
 
@@ -148,23 +157,23 @@ class BatchedTradingEnv:
     def step(self, action: Tensor) -> StepResult:
         """Apply ``action[n_envs, A]`` (indices into ``levels``); see the class docstring."""
         new_pos = self.levels[action]
-        reward = portfolio_log_return(
-            new_pos, self.position, self.simple_returns[self.t + 1], self.cost
-        )
+        day = self.simple_returns[self.t + 1]
+        reward = portfolio_log_return(new_pos, self.position, day, self.cost)
+        terminated = ruined(new_pos, day)
         self.t += 1
         self.position.copy_(new_pos)
         self.episode_return += reward
         final_obs = self.observe(self.t, self.position)
-        truncated = self.t - self.start >= self.window_len
-        terminated = torch.zeros_like(truncated)
+        truncated = (self.t - self.start >= self.window_len) & ~terminated
+        done = terminated | truncated
         ep_return = self.episode_return.clone()
         # Drawn every step, used where an episode ended: computing, not branching, keeps the
         # step free of host syncs and the random stream independent of which envs finished.
         fresh = self._random_starts()
-        self.start.copy_(torch.where(truncated, fresh, self.start))
-        self.t.copy_(torch.where(truncated, fresh, self.t))
-        self.position.mul_((~truncated).to(self.dtype).unsqueeze(1))
-        self.episode_return.mul_((~truncated).to(self.dtype))
+        self.start.copy_(torch.where(done, fresh, self.start))
+        self.t.copy_(torch.where(done, fresh, self.t))
+        self.position.mul_((~done).to(self.dtype).unsqueeze(1))
+        self.episode_return.mul_((~done).to(self.dtype))
         obs = self.observe(self.t, self.position)
         return StepResult(obs, reward, terminated, truncated, final_obs, ep_return)
 
@@ -172,11 +181,20 @@ class BatchedTradingEnv:
 def portfolio_log_return(
     new_pos: Tensor, old_pos: Tensor, simple_next: Tensor, cost: float
 ) -> Tensor:
-    """``log(1 + sum_a (l_a/A) R_a) - cost * sum_a |l_a - l'_a| / A`` over the last axis."""
+    """``log(max(1 + sum_a (l_a/A) R_a, RUIN_EQUITY)) - cost * sum_a |l_a - l'_a| / A`` over
+    the last axis; finite for every finite return (RUIN_EQUITY or less left: :func:`ruined`).
+    """
     n_assets = new_pos.shape[-1]
     w, w_prev = new_pos / n_assets, old_pos / n_assets
-    gross = torch.log1p((w * simple_next).sum(-1))
+    gross = torch.log1p((w * simple_next).sum(-1).clamp_min(RUIN_EQUITY - 1.0))
     return gross - cost * (w - w_prev).abs().sum(-1)
+
+
+def ruined(new_pos: Tensor, simple_next: Tensor) -> Tensor:
+    """Where the day leaves at most ``RUIN_EQUITY`` of the equity: ``1 + sum_a w_a R_a`` at or
+    below it (the portfolio cannot lose more than everything; the episode ends there)."""
+    w = new_pos / new_pos.shape[-1]
+    return (w * simple_next).sum(-1) <= RUIN_EQUITY - 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,6 +207,7 @@ class Evaluation:
     asset_log_returns: np.ndarray  # [L, A] the assets' log returns over the same days
     start: int
     end: int
+    ruin: int | None = None  # the decision day (0-based in the window) that lost everything
 
 
 Policy = Callable[[Tensor], Tensor]
@@ -210,7 +229,9 @@ def evaluate(
 
     ``policy`` maps an observation ``[1, D]`` to actions ``[1, A]`` (called once per day, in
     order, since the position is part of the observation), or is a fixed ``[L, A]`` array of
-    actions. ``end`` defaults to ``T - 1``, the last day with a next-day return.
+    actions. ``end`` defaults to ``T - 1``, the last day with a next-day return. After ruin
+    (see :class:`BatchedTradingEnv`) nothing is left to trade: the remaining days hold no
+    position and earn nothing, and :attr:`Evaluation.ruin` says on which day it happened.
     """
     rets = torch.as_tensor(log_returns)
     end = rets.shape[0] - 1 if end is None else end
@@ -221,13 +242,19 @@ def evaluate(
         raise ValueError(
             f"actions must be [{env.window_len}, {env.n_assets}], got {tuple(fixed.shape)}"
         )
-    rewards, positions = [], []
+    rewards, positions, ruin = [], [], None
     for k in range(env.window_len):
+        if ruin is not None:  # equity is gone: flat, no return, no cost
+            rewards.append(torch.zeros(1, dtype=dtype, device=env.device))
+            positions.append(torch.zeros(1, env.n_assets, dtype=dtype, device=env.device))
+            continue
         action = fixed[k : k + 1] if fixed is not None else policy(obs)  # type: ignore[operator]
         res = env.step(action.reshape(1, env.n_assets))
         rewards.append(res.reward)
         positions.append(env.levels[action.reshape(1, -1)])
         obs = res.obs
+        if bool(res.terminated[0]):  # a host read per day, as the policy's own already is
+            ruin = k
     weights = (torch.cat(positions) / env.n_assets).double().cpu().numpy()
     prev = np.vstack([np.zeros((1, env.n_assets)), weights[:-1]])
     return Evaluation(
@@ -237,6 +264,7 @@ def evaluate(
         asset_log_returns=rets[start + 1 : end + 1].double().cpu().numpy(),
         start=start,
         end=end,
+        ruin=ruin,
     )
 
 

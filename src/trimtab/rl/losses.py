@@ -64,10 +64,18 @@ def c51_projection(tz: Tensor, probs: Tensor, v_min: Tensor, v_max: Tensor) -> T
     # 4. m_l ← m_l + p_j (u − b_j + [l = u])
     # 5. m_u ← m_u + p_j (b_j − l)
     on_atom = (lower == upper).to(probs.dtype)
+    # A NaN target (a NaN reward: the sentinel has recorded it) keeps its NaN mass, so the loss
+    # says so, but goes to atom 0: a NaN cast to an integer is an index far out of range.
+    nan = torch.isnan(b)
     m = torch.zeros_like(probs)
-    m.scatter_add_(-1, lower.long().expand_as(probs), probs * (upper - b + on_atom))
-    m.scatter_add_(-1, upper.long().expand_as(probs), probs * (b - lower))
+    m.scatter_add_(-1, _index(lower, nan).expand_as(probs), probs * (upper - b + on_atom))
+    m.scatter_add_(-1, _index(upper, nan).expand_as(probs), probs * (b - lower))
     return m
+
+
+def _index(x: Tensor, nan: Tensor) -> Tensor:
+    """``x`` (whole numbers in ``[0, N − 1]``) as indices, 0 where ``nan``."""
+    return torch.where(nan, 0.0, x).long()
 
 
 def c51_loss(logits: Tensor, target_probs: Tensor) -> Tensor:
