@@ -20,7 +20,8 @@ from torch import Tensor
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import ConfigError
 
-__all__ = ["EnvStep", "FoldPlan", "GymAdapter", "MarketAdapter", "make_adapter"]
+__all__ = ["EnvStep", "FoldPlan", "GymAdapter", "MarketAdapter", "TorchCartPoleAdapter",
+           "make_adapter"]  # fmt: skip
 
 
 class EnvStep(NamedTuple):
@@ -57,9 +58,13 @@ class FoldPlan:
         return full or self.updates_done(fold_step)
 
 
-def make_adapter(cfg: TrainConfig, device: torch.device) -> MarketAdapter | GymAdapter:
-    """The adapter of ``cfg.env.name``; bad data or an unknown Gymnasium id raise here, before
-    a run directory exists."""
+def make_adapter(
+    cfg: TrainConfig, device: torch.device
+) -> MarketAdapter | GymAdapter | TorchCartPoleAdapter:
+    """The adapter of ``cfg.env.name`` (and ``cfg.env.impl``); bad data or an unknown Gymnasium
+    id raise here, before a run directory exists."""
+    if cfg.env.impl == "torch":
+        return TorchCartPoleAdapter(cfg, device)
     if cfg.env.name.startswith("gym:"):
         return GymAdapter(cfg, device)
     return MarketAdapter(cfg, device)
@@ -278,3 +283,88 @@ class GymAdapter:
         for env in self.envs:
             env.close()
         self.envs = []
+
+
+class TorchCartPoleAdapter(GymAdapter):
+    """``gym:CartPole-v1`` with ``env.impl = "torch"``: the same fold, plan and summary as
+    :class:`GymAdapter`, but the ``env.n_envs`` envs are one :class:`BatchedCartPole` on the
+    run's device, so a step moves no data to the host, and the greedy evaluation runs
+    ``gym.eval_episodes`` torch envs at once."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
+        self.env_id = cfg.env.name.removeprefix("gym:")
+        self.discrete, self.branch_sizes, self.obs_dim = True, [2], 4
+        self.n_folds, self.n_envs = 1, cfg.env.n_envs
+        self.env: Any = None
+        # the training returns of the last 100 episodes, on the device: a ring of 100 slots
+        # and one more that absorbs the rows of envs whose episode did not end (no host sync)
+        self.recent = torch.zeros(101, dtype=torch.float64, device=device)
+        self.recent_count = torch.zeros((), dtype=torch.long, device=device)
+
+    def open_fold(self, k: int, seed: int) -> Tensor:
+        from trimtab.rl.cartpole import BatchedCartPole
+
+        self.env = BatchedCartPole(self.n_envs, device=self.device, seed=seed)
+        self.recent.zero_()
+        self.recent_count.zero_()
+        return self.env.reset()
+
+    def step(self, action: Tensor) -> EnvStep:
+        r = self.env.step(action[:, 0])
+        done = r.terminated | r.truncated
+        self._remember(r.episode_return.double(), done)
+        trunc = r.truncated & ~r.terminated  # a time limit reached as the pole falls: terminal
+        return EnvStep(r.obs, r.reward, r.final_obs, r.terminated, trunc, r.episode_return)
+
+    def _remember(self, returns: Tensor, done: Tensor) -> None:
+        """Append the returns of the episodes that ended (in env order) to the ring; where more
+        than 100 end at once, the last 100 of them."""
+        rank = done.long().cumsum(0) - 1
+        n_done = rank[-1] + 1
+        kept = done & (rank >= n_done - 100)
+        slot = torch.where(kept, (self.recent_count + rank) % 100, 100)
+        self.recent[slot] = returns  # slot 100 takes the rest, in any order: never read
+        self.recent_count += n_done
+
+    def _finished(self) -> list[float]:
+        n = min(int(self.recent_count), 100)  # a host read, at a fold's end only
+        return self.recent[:n].tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"env": self.env.state_dict(), "recent": self.recent.clone(),
+                "recent_count": self.recent_count.clone()}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.env.load_state_dict(state["env"])
+        self.recent.copy_(state["recent"])
+        self.recent_count.copy_(state["recent_count"])
+
+    def evaluate(self, agent: Any, k: int) -> tuple[dict[str, Any], None]:
+        """Undiscounted returns of ``gym.eval_episodes`` greedy episodes: as many fresh torch
+        envs, each stepped until its first episode ends (at most 500 steps)."""
+        from trimtab.rl.cartpole import BatchedCartPole
+
+        n = self.cfg.gym.eval_episodes
+        env = BatchedCartPole(n, device=self.device, seed=10_000 + self.cfg.run.seed)
+        obs = env.reset()
+        returns = torch.zeros(n, dtype=torch.float64, device=self.device)
+        running = torch.ones(n, dtype=torch.bool, device=self.device)
+        for _ in range(env.max_episode_steps):  # every first episode has ended by then
+            r = env.step(agent.act(obs, 0, greedy=True)[:, 0])
+            returns += r.reward.double() * running
+            running &= ~(r.terminated | r.truncated)
+            obs = r.obs
+        ret = returns.cpu().numpy()
+        recent = self._finished()
+        row = {"fold": k, "episodes": n, "mean_return": float(np.mean(ret)),
+               "std_return": float(np.std(ret)), "min_return": float(np.min(ret)),
+               "max_return": float(np.max(ret)),
+               "train_return_last100": float(np.mean(recent)) if recent else None}  # fmt: skip
+        return row, None
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**super().summary(rows), "env_impl": "torch"}
+
+    def close(self) -> None:
+        self.env = None

@@ -59,7 +59,7 @@ def cartpole_dynamics(state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         [x + TAU * x_dot, x_dot + TAU * xacc, theta + TAU * theta_dot, theta_dot + TAU * thetaacc],
         dim=-1,
     )
-    # Gymnasium's four comparisons, as written there (not abs(), which NaN would pass alike)
+    # Gymnasium's four comparisons, as written there
     x, theta = nxt[..., 0], nxt[..., 2]
     out_x = (x < -X_THRESHOLD) | (x > X_THRESHOLD)
     terminated = out_x | (theta < -THETA_THRESHOLD) | (theta > THETA_THRESHOLD)

@@ -26,6 +26,9 @@ __all__ = [
 ]
 
 Stability = Literal["adaptive", "fixed", "off"]
+EnvImpl = Literal["gymnasium", "torch"]
+#: the Gymnasium envs that env.impl = "torch" runs as batched torch envs on the run's device
+TORCH_ENVS = ("gym:CartPole-v1",)
 Autocast = Literal["none", "bf16", "fp16"]
 #: run.autocast values and their torch dtypes (None: full float32)
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
@@ -103,11 +106,17 @@ class EnvConfig:
     reward_scale: float = 1.0
     n_envs: int = 16  # environments stepped together (market or Gymnasium)
     episode_days: int = 64  # trading days per training episode (market only)
+    # Gymnasium envs only: "gymnasium" steps Gymnasium's own envs on the host; "torch" steps the
+    # same dynamics as one batched torch env on the run's device (no host sync per step; the
+    # envs in TORCH_ENVS: gym:CartPole-v1, trimtab.rl.cartpole)
+    impl: EnvImpl = "gymnasium"
 
     def __post_init__(self) -> None:
         bad = []
         if not (self.name == "market" or self.name.startswith("gym:")):
             bad.append(f"name={self.name!r} must be 'market' or 'gym:ENV_ID'")
+        if self.impl == "torch" and self.name not in TORCH_ENVS:
+            bad.append(f"impl='torch' runs {list(TORCH_ENVS)} only, not name={self.name!r}")
         if len(self.levels) < 2 or any(abs(x) > 1 for x in self.levels):
             bad.append(f"levels={self.levels} need >= 2 values in [-1, 1]")
         if self.cost_bps < 0 or self.n_envs < 1 or self.episode_days < 2:
@@ -209,8 +218,9 @@ _COUNTERPARTS = {
     "gym.total_steps": "walkforward.steps_per_fold",
     "gym.train_every": "walkforward.updates_per_step",
 }
-#: [env] keys that every env uses; the others configure the market
-_ENV_SHARED = ("name", "n_envs", "reward_scale")
+#: [env] keys that a Gymnasium run uses; the others configure the market (env.impl = "torch"
+#: on the market is refused by EnvConfig itself)
+_ENV_SHARED = ("name", "n_envs", "reward_scale", "impl")
 
 
 def _changed(section: Any, default: Any, prefix: str, keep: tuple[str, ...] = ()) -> list[str]:
