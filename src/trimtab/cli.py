@@ -1,4 +1,4 @@
-"""The ``trimtab`` command line: ``info``, ``train``, ``report`` and ``eval``.
+"""The ``trimtab`` command line: ``info``, ``train``, ``report``, ``eval`` and ``sweep``.
 
 Errors a user can fix (bad data, config, run directory, checkpoint) print as one line, without
 a traceback, and exit 2; a sentinel halt exits 3."""
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trimtab.rl.cli_train import add_commands
 
     add_commands(sub)
+    from trimtab.rl.cli_sweep import add_command as add_sweep
+
+    add_sweep(sub)
     return parser
 
 

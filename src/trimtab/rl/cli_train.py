@@ -17,10 +17,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from trimtab.rl.checkpoint import CheckpointError
     from trimtab.rl.data import DataError
     from trimtab.rl.report import ReportError
+    from trimtab.rl.sweep_spec import SweepError
     from trimtab.rl.train import RunDirError
     from trimtab.state import LayoutMismatchError
 
-    return (ConfigError, DataError, RunDirError, CheckpointError, LayoutMismatchError, ReportError)
+    return (ConfigError, DataError, RunDirError, CheckpointError, LayoutMismatchError, ReportError,
+            SweepError)  # fmt: skip
 
 
 def add_commands(sub: Any) -> None:
