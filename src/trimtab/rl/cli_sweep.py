@@ -83,7 +83,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 130
     print()
     print(format_table(result.cells))
-    print(f"table: {out}/sweep.csv, sweep.json, sweep.png  ({result.seconds:.0f} s)")
+    png = ", sweep.png" if (out / "sweep.png").exists() else ""
+    print(f"table: {out}/sweep.csv, sweep.json{png}  ({result.seconds:.0f} s)")
     if result.failed:
         print(f"{len(result.failed)} of {len(trials)} trials failed "
               "(rerun the same command to retry them):", file=sys.stderr)  # fmt: skip

@@ -228,9 +228,10 @@ def load_sweep_file(path: Path) -> dict[str, Any]:
     if "config" in data:
         data["config"] = path.parent / data["config"]
     grid = data.get("grid", {})
-    if not isinstance(grid, Mapping) or not all(isinstance(v, list) for v in grid.values()):
+    grid = _flatten(grid) if isinstance(grid, Mapping) else None
+    if grid is None or not all(isinstance(v, list) for _, v in grid):
         raise SweepError(f"sweep file {path}: [grid] maps each key to a list of values")
-    data["grid"] = _flatten(grid)
+    data["grid"] = grid
     cells = data.get("cells", [])
     if not isinstance(cells, list) or not all(isinstance(c, Mapping) for c in cells):
         raise SweepError(f"sweep file {path}: [[cells]] is a list of tables of key = value")

@@ -1,0 +1,135 @@
+"""``trimtab sweep``: a bad spec fails in one line before any trial; on a local Ray instance the
+merged table equals the per-run summaries, a rerun skips finished trials and restarts a
+half-written one, and a failing trial is reported with its error and run directory."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+import tomli_w
+from rl_helpers import TINY
+
+from trimtab.cli import main
+from trimtab.rl.sweep_spec import split_values
+
+
+@pytest.fixture
+def base(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(tomli_w.dumps(TINY))
+    return path
+
+
+BAD_SPECS = [
+    (["--grid", "agent.nope=1,2"], r"unknown config key agent\.nope"),
+    (["--grid", "run.stability=adaptive,bogus"], r"cell run\.stability=bogus: .*must be one of"),
+    (["--grid", "run.seed=1,2"], r"run\.seed cannot be swept .*--seeds"),
+    (["--grid", "run.stability"], r"must look like section\.key=value"),
+    (["--grid", "run.stability=off,off"], r"two cells are the same"),
+    (["--set", "walkforward.folds=0"], r"folds=0 must be >= 1"),
+    (["--set", 'run.device="cuda:1"'], r'set run\.device = "cuda"'),
+    (["--seeds", "0", "0"], r"--seeds must be distinct"),
+]
+
+
+@pytest.mark.parametrize(("flags", "pattern"), BAD_SPECS)
+def test_bad_spec_is_one_line_before_any_trial(tmp_path, base, capsys, flags, pattern):
+    import re
+
+    out = tmp_path / "sweep"
+    rc = main(["sweep", "--config", str(base), "--out", str(out), *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and re.search(pattern, err), err
+    assert not out.exists()
+
+
+def test_sweep_file_and_flags_expand_to_cells_times_seeds(tmp_path, base, capsys):
+    assert split_values('[-1,1],[-1,0,1], "a,b"') == ["[-1,1]", "[-1,0,1]", '"a,b"']
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(tomli_w.dumps({
+        "out": str(tmp_path / "s"), "config": base.name, "seeds": [3, 4],
+        "grid": {"run": {"stability": ["adaptive", "off"]}},
+        "cells": [{"env.levels": [-1.0, 1.0]}, {"env.cost_bps": 5.0}],
+    }))  # fmt: skip
+    assert main(["sweep", str(spec), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "8 trials"
+    assert lines[0].startswith("env.levels=[-1.0,1.0] run.stability=adaptive  seed 3  ")
+    assert lines[0].endswith("/s/env.levels=-1.0+1.0_run.stability=adaptive/seed3")
+    # a --grid flag replaces the file's values of its key; --seeds replaces the file's seeds
+    main(["sweep", str(spec), "--grid", "run.stability=fixed", "--seeds", "9", "--dry-run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "2 trials" and "run.stability=fixed  seed 9" in lines[1]
+
+
+def test_without_ray_it_says_how_to_install(tmp_path, base, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    assert main(["sweep", "--config", str(base), "--out", str(tmp_path / "s")]) == 2
+    assert "pip install 'trimtab[sweep]'" in capsys.readouterr().err
+    code = "import sys, trimtab, trimtab.cli, trimtab.rl.sweep; assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _trial_sharpe(run_dir) -> float:
+    folds = json.loads((run_dir / "summary.json").read_text())["folds"]
+    return statistics.mean(f["sharpe"] for f in folds)
+
+
+def test_sweep_on_local_ray_merges_resumes_and_reports_failures(tmp_path, base, capsys):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False)  # the sweep runs in the session it finds
+    try:
+        out = tmp_path / "sweep"
+        argv = ["sweep", "--config", str(base), "--out", str(out),
+                "--grid", "run.stability=adaptive,off", "--seeds", "0", "1"]  # fmt: skip
+        assert main(argv) == 0
+        assert "4 to run" in capsys.readouterr().out
+        table = json.loads((out / "sweep.json").read_text())
+        assert [c["cell"] for c in table["cells"]] == ["run.stability=adaptive",
+                                                       "run.stability=off"]  # fmt: skip
+        for cell in table["cells"]:
+            per_seed = [_trial_sharpe(out / cell["dir"] / f"seed{s}") for s in (0, 1)]
+            got = cell["metrics"]["oos_sharpe"]
+            assert (cell["done"], cell["failed"], got["n"]) == (2, 0, 2)
+            assert math.isclose(got["mean"], statistics.mean(per_seed), rel_tol=1e-12)
+            assert math.isclose(got["se"], statistics.stdev(per_seed) / math.sqrt(2), rel_tol=1e-9)
+        csv_lines = (out / "sweep.csv").read_text().splitlines()
+        assert csv_lines[0].startswith("cell,run.stability,trials,done,halted,failed,oos_sharpe_")
+        assert len(csv_lines) == 3 and (out / "sweep.png").stat().st_size > 0
+
+        # interrupted: one trial half-written (a torn summary and a stray file); rerun
+        torn = out / "run.stability=off" / "seed1"
+        (torn / "summary.json").write_text("{")
+        (torn / "stray").write_text("x")
+        kept = out / "run.stability=adaptive" / "seed0" / "summary.json"
+        before = kept.stat().st_mtime_ns
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
+        assert "3 finished earlier (skipped), 1 to run" in printed
+        assert "[1/1] run.stability=off seed 1: done" in printed
+        assert kept.stat().st_mtime_ns == before and not (torn / "stray").exists()
+        again = json.loads((out / "sweep.json").read_text())
+        assert again["cells"] == table["cells"]  # seeded: the restarted trial repeats itself
+        skipped = {(t["dir"], t["seed"]): t["skipped"] for t in again["trials"]}
+        assert sum(skipped.values()) == 3 and not skipped[("run.stability=off", 1)]
+
+        # a failing trial: reported with its error and run directory, its traceback kept
+        bad = tmp_path / "bad.csv"
+        bad.write_text("not,a,market\n1,2,3\n")
+        out2 = tmp_path / "failing"
+        rc = main(["sweep", "--config", str(base), "--out", str(out2),
+                   "--set", f'data.paths=["{bad}"]'])  # fmt: skip
+        err = capsys.readouterr().err
+        run_dir = out2 / "base" / "seed0"
+        assert rc == 1 and "DataError" in err and str(run_dir) in err
+        (trial,) = json.loads((out2 / "sweep.json").read_text())["trials"]
+        assert trial["status"] == "failed" and trial["run_dir"] == str(run_dir)
+        assert trial["error"].startswith("DataError: ")
+        assert "Traceback" in (run_dir / "sweep_error.txt").read_text()
+    finally:
+        ray.shutdown()
