@@ -1,12 +1,15 @@
 """Stress proof: seeds x {adaptive, fixed, off} x {default market, stress market}.
 
     python benchmarks/stress.py [--seeds 5] [--steps 400] [--device cpu] [--quick] [--out PATH]
-        [--autocast {none,bf16,fp16}] [--reward-scale X]
-    # one shard of a parallel run, then the table of all shards:
-    python benchmarks/stress.py --seed-list 3 --modes off --markets stress --out shard.json
-    python benchmarks/stress.py --seed-list --merge shard*.json
+        [--autocast {none,bf16,fp16}] [--reward-scale X] [--runs DIR] [--serial | --address A]
+    # a subset, then one table of it and earlier result files:
+    python benchmarks/stress.py --seed-list 3 --modes off --markets stress --merge old.json
 
-Each cell is a full walk-forward run (``on_nonfinite = "halt"``). The stress market is the
+The cells run through the sweep runner (``trimtab.rl.sweep``): as Ray tasks on every core (or
+a cluster with ``--address``; ``--serial``: one after another in this process), each an
+ordinary run directory under ``--runs`` (default: a temporary folder), so a rerun with the same
+``--runs`` skips the cells it finished. Each cell is a full walk-forward run
+(``on_nonfinite = "halt"``). The stress market is the
 embedded market's stress preset: a crash segment late in the data (volatility x20 and a mean
 daily return -100x the calm regime's) that lands in the last folds. Per cell: folds completed
 with every watched tensor finite, the first-fire slot of a halted run, the out-of-sample
@@ -28,66 +31,60 @@ from typing import Any
 import torch
 
 from trimtab.benchmarking import provenance
-from trimtab.rl.config import TrainConfig
-from trimtab.rl.configio import apply_overrides, from_dict
-from trimtab.rl.train import TrainingHalted, train
+from trimtab.rl.configio import apply_overrides
+from trimtab.rl.sweep import TrialResult, run_sweep
+from trimtab.rl.sweep_spec import SweepSpec
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "stress.json"
 MODES = ("adaptive", "fixed", "off")
 AUTOCAST = ("none", "bf16", "fp16")
 
 
-def cell(
-    seed: int,
-    mode: str,
-    stress: bool,
+def base_config(
     steps: int,
     device: str,
     quick: bool,
     scale: float = 1.0,
     autocast: str = "none",
     overrides: tuple[str, ...] = (),
-) -> dict:
+) -> dict[str, Any]:
+    """Every cell's config data but its seed, stability mode and market."""
     base: dict[str, Any] = {
-        "run": {"seed": seed, "stability": mode, "device": device, "progress": False,
-                "checkpoint_every": 10**9, "log_every": 50, "autocast": autocast},
-        "data": {"stress": stress},
+        "run": {"device": device, "checkpoint_every": 10**9, "log_every": 50,
+                "autocast": autocast},
         # learning_starts in env steps summed over the 16 envs: 200 batched steps
         "walkforward": {"steps_per_fold": steps, "learning_starts": 16 * min(200, steps)},
         "env": {"reward_scale": scale},
     }  # fmt: skip
     if quick:
-        base["data"]["synthetic_days"] = 400
+        base["data"] = {"synthetic_days": 400}
         base["walkforward"].update(folds=2, learning_starts=64)  # 4 batched steps
         base["agent"] = {"hidden": 16, "batch_size": 16, "n_tau": 2, "n_tau_target": 2}
-    base = apply_overrides(base, overrides)
-    with tempfile.TemporaryDirectory() as tmp:
-        base["run"]["out"] = str(Path(tmp) / "run")
-        cfg = from_dict(TrainConfig, base)
-        halted = None
-        try:
-            summary = train(cfg)
-        except TrainingHalted as e:
-            halted = str(e)
-            summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
-        fired = json.loads((Path(tmp) / "run" / "sentinel.json").read_text())["fired"]
+    return apply_overrides(base, overrides)
+
+
+def row_of(result: TrialResult, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """A finished cell's row: folds kept finite, the first-fire slot, Sharpe per fold."""
+    cfg, summary = result.trial.cfg, result.summary or {}
+    fired = json.loads((result.trial.run_dir / "sentinel.json").read_text())["fired"]
     folds = summary["folds"]
     steps_done = sum(f["steps"] for f in folds) or 1
     return {
-        "seed": seed,
-        "stability": mode,
-        "market": "stress" if stress else "default",
-        "reward_scale": scale,
-        "autocast": autocast,
+        "seed": cfg.run.seed,
+        "stability": cfg.run.stability,
+        "market": "stress" if cfg.data.stress else "default",
+        "reward_scale": cfg.env.reward_scale,
+        "autocast": cfg.run.autocast,
         "overrides": list(overrides),
         "steps_per_fold": cfg.walkforward.steps_per_fold,
         "folds_total": cfg.walkforward.folds,
         "folds_finite": sum(1 for f in folds if f["nonfinite"] == 0),
-        "halted": halted,
+        "halted": summary["halted"],
         "first_fire": fired[0]["name"] if fired else None,
         "sharpe": [round(f["sharpe"], 3) for f in folds],
         "buy_hold_sharpe": [round(f["buy_hold_sharpe"], 3) for f in folds],
         "ms_per_step": 1e3 * summary["seconds"] / steps_done,
+        "run_dir": str(result.trial.run_dir),
     }
 
 
@@ -162,32 +159,44 @@ def main(argv: list[str] | None = None) -> dict:
         help="override one config value in every cell, e.g. --set agent.trunk=mlp (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--runs", type=Path, help="keep the run directories here; a rerun skips finished cells"
+    )
+    parser.add_argument("--serial", action="store_true", help="no Ray: one cell after another")
+    parser.add_argument("--address", help="a Ray cluster (default: a local Ray instance)")
     args = parser.parse_args(argv)
     seeds = 1 if args.quick else args.seeds
     steps = 10 if args.quick else args.steps
     seed_list = list(range(seeds)) if args.seed_list is None else args.seed_list
+    overrides = tuple(args.overrides)
+    base = base_config(steps, args.device, args.quick, args.reward_scale, args.autocast, overrides)
+    grid = [("data.stress", [m == "stress" for m in args.markets]), ("run.stability", args.modes)]
     rows = []
-    for stress in [m == "stress" for m in args.markets]:
-        for mode in args.modes:
-            for seed in seed_list:
-                rows.append(
-                    cell(seed, mode, stress, steps, args.device, args.quick, args.reward_scale,
-                         args.autocast, tuple(args.overrides))
-                )  # fmt: skip
-                r = rows[-1]
-                print(f"{r['market']:8s} {args.autocast:4s} {mode:9s} seed {seed}: finite folds "
-                      f"{r['folds_finite']}/{r['folds_total']} first fire {r['first_fire']} "
-                      f"Sharpe {r['sharpe']}", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = args.runs or Path(tmp) / "stress"
+        trials = SweepSpec.build(base, grid, seeds=seed_list).trials(runs) if seed_list else []
+        result = run_sweep(trials, runs, engine="serial" if args.serial else "ray",
+                           address=args.address)  # fmt: skip
+        for r in result.results:
+            if r.status != "failed":
+                rows.append(row_of(r, overrides))
+                if args.runs is None:  # a temporary folder: gone when this returns
+                    del rows[-1]["run_dir"]
+    failed = [{"cell": r.trial.label, "seed": r.trial.seed, "error": r.error}
+              for r in result.failed]  # fmt: skip
     for path in args.merge:
         rows += json.loads(path.read_text())["rows"]
     print()
     print(table(rows))
     seeds = len({r["seed"] for r in rows})
-    result = {"benchmark": "stress", **provenance(args.device), "seeds": seeds,
-              "steps_per_fold": steps, "quick": args.quick, "rows": rows}  # fmt: skip
+    out = {"benchmark": "stress", **provenance(args.device), "seeds": seeds,
+           "steps_per_fold": steps, "quick": args.quick, "rows": rows,
+           "failed": failed}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    if failed:
+        print(f"{len(failed)} cells failed: {failed}")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The stress benchmark runs end to end (one seed, tiny market and net) so it cannot rot."""
+"""The stress benchmark runs end to end (one seed, tiny market and net) so it cannot rot: its
+cells through the sweep runner, on Ray where installed (the first test), else one by one."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ BENCH = Path(__file__).parents[1] / "benchmarks" / "stress.py"
 
 
 def test_stress_quick(tmp_path):
+    """Through the sweep runner on a local Ray instance; the run directories kept under --runs."""
     spec = importlib.util.spec_from_file_location("stress", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "stress.json"
-    bench.main(["--quick", "--device", "cpu", "--out", str(out)])
+    engine = [] if importlib.util.find_spec("ray") else ["--serial"]
+    bench.main(["--quick", "--device", "cpu", "--runs", str(tmp_path / "runs"), "--out", str(out),
+                *engine])  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
+    for r in rows:  # the row is its run's summary
+        summary = json.loads((Path(r["run_dir"]) / "summary.json").read_text())
+        assert r["sharpe"] == [round(f["sharpe"], 3) for f in summary["folds"]]
     assert {(r["market"], r["stability"]) for r in rows} == {
         (m, s) for m in ("default", "stress") for s in ("adaptive", "fixed", "off")
     }
@@ -32,7 +39,7 @@ def test_stress_autocast_is_recorded_and_old_files_merge(tmp_path, capsys):
     old = tmp_path / "old.json"  # written before the autocast field existed
     old.write_text(json.dumps({"rows": [old_row]}))
     out = tmp_path / "stress.json"
-    bench.main(["--quick", "--device", "cpu", "--markets", "stress", "--modes", "off",
+    bench.main(["--quick", "--device", "cpu", "--markets", "stress", "--modes", "off", "--serial",
                 "--autocast", "fp16", "--merge", str(old), "--out", str(out)])  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert [(r["seed"], r.get("autocast")) for r in rows] == [(0, "fp16"), (7, None)]
@@ -47,7 +54,7 @@ def test_stress_set_overrides_every_cell_and_is_tabulated(tmp_path, capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "stress.json"
-    bench.main(["--quick", "--device", "cpu", "--markets", "stress", "--modes", "off",
+    bench.main(["--quick", "--device", "cpu", "--markets", "stress", "--modes", "off", "--serial",
                 "--set", "agent.trunk=\"mlp\"", "--out", str(out)])  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["overrides"] == ['agent.trunk="mlp"']
