@@ -39,6 +39,13 @@ class NonFinitePolicy:
     - ``"sanitize"``: :meth:`inspect` replaces every non-finite gradient element by 0 (after
       the flag was computed from the untouched values) and the step goes on.
 
+    The data a step consumes gets the same answer through :meth:`inputs`, called after the
+    sentinel checked it and before anything reads it: under ``"skip"`` a non-finite element
+    sets the ``found_inf`` that the next :meth:`inspect` starts from (the step is skipped);
+    under ``"sanitize"`` it is zeroed. :meth:`source` does the same for data on its way into
+    storage (an env's output): ``"sanitize"`` zeroes it, ``"skip"`` leaves it to the batches
+    that hold it (skipping an env step would skip nothing).
+
     :meth:`inspect` must run before anything that rewrites gradients (a clip that sanitises, or
     a sentinel-guarded sanitiser), so the flag sees what backward produced. The step's
     ``found_inf`` is also useful under ``halt`` (a metric), and is computed in every policy by
@@ -62,6 +69,7 @@ class NonFinitePolicy:
         self.policy = policy
         self.optimizer = optimizer
         self.found_inf = torch.zeros((), device=device)
+        self._pending = torch.zeros((), device=device)  # set by inputs() under "skip"
         self._one = torch.ones((), device=device)
         self._ones: dict[int, Tensor] = {}
         from trimtab.optim import Adam
@@ -78,7 +86,8 @@ class NonFinitePolicy:
         """Set :attr:`found_inf` from ``grads`` (1.0 if any element is NaN/±Inf, else 0.0);
         under ``"sanitize"`` then zero the non-finite elements. Returns :attr:`found_inf`."""
         grads = [g for g in grads if g is not None]
-        self.found_inf.zero_()
+        self.found_inf.copy_(self._pending)  # a non-finite input already decided "skip"
+        self._pending.zero_()
         if grads:
             torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, self._one)
         if self.policy == "sanitize" and grads:
@@ -87,6 +96,27 @@ class NonFinitePolicy:
                 ones = self._ones[len(grads)] = self._one.expand(len(grads)).contiguous()
             scale_finite_(grads, ones)
         return self.found_inf
+
+    @torch.no_grad()
+    def inputs(self, tensors: Sequence[Tensor]) -> None:
+        """The step's input data (float tensors), after the sentinel's check: under ``"skip"``
+        flag the step if any element is non-finite; under ``"sanitize"`` zero those elements."""
+        tensors = [t for t in tensors if t.is_floating_point()]
+        if self.policy == "skip" and tensors:
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, self._pending, self._one)
+        elif self.policy == "sanitize":
+            self.source(tensors)
+
+    @torch.no_grad()
+    def source(self, tensors: Sequence[Tensor]) -> None:
+        """Data on its way into storage, after the sentinel's check: zeroed where non-finite
+        under ``"sanitize"``; untouched otherwise."""
+        tensors = [t for t in tensors if t.is_floating_point()]
+        if self.policy == "sanitize" and tensors:
+            ones = self._ones.get(len(tensors))
+            if ones is None:
+                ones = self._ones[len(tensors)] = self._one.expand(len(tensors)).contiguous()
+            scale_finite_(tensors, ones)
 
     def step(self) -> None:
         """The optimizer step; under ``"skip"`` it honours :attr:`found_inf` (which form of the

@@ -135,7 +135,7 @@ class MarketAdapter:
         return evaluate_fold(self.market, fold, self.feats, policy, self.cfg, self.device)
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return {}
+        return {"data_warnings": list(self.market.data.warnings)}
 
     def close(self) -> None:
         self.env = None

@@ -12,11 +12,12 @@ from torch import Tensor, nn
 
 from trimtab.estimate import AdaptiveEMA
 from trimtab.lifecycle import detached, register
+from trimtab.nonfinite import NonFinitePolicy
 from trimtab.quantile import abs_quantiles
 from trimtab.sentinel import Rule, Sentinel
 from trimtab.state import Slot, StateVector
 
-__all__ = ["EXCURSION_FACTOR", "WATCHED", "Checks", "watch_slots"]
+__all__ = ["BATCH_FIELDS", "ENV_FIELDS", "EXCURSION_FACTOR", "WATCHED", "Checks", "watch_slots"]
 
 #: Sentinel threshold factor on measured p99 bounds: a value 1e3 times the running p99 of its
 #: buffer is the onset of the blow-up chain (targets, then moments, then weights) that the
@@ -31,6 +32,13 @@ Q = 0.99
 WATCHED = ("obs", "logits", "loss", "grad_trunk")
 
 
+#: What an env step hands the runner (slot ``env.<name>``) and the replay fields a learn step
+#: consumes (slot ``replay.<name>``): every source of data that reaches the loss. The actions
+#: are indices the agent chose, never a value read from data, so they are not watched.
+ENV_FIELDS = ("obs", "reward", "final_obs")
+BATCH_FIELDS = ("obs", "reward", "next_obs", "discount", "weights")
+
+
 def watch_slots() -> list[Slot]:
     """The state-vector slots of the threshold scales (declare them in the layout)."""
     return [
@@ -42,7 +50,10 @@ def watch_slots() -> list[Slot]:
 class Checks:
     """The sentinel's slots for one agent, and the calls of the learn step that feed them.
 
-    Phases, in the order a step runs them: ``forward`` (observations, the C51 atom span, the
+    Phases, in the order data flows: ``env`` (what an env step returned, checked by the runner
+    before replay stores it), ``batch`` (every replay field of a sampled batch, checked first
+    thing in the learn step, before anything consumes it), ``forward`` (observations, the C51
+    atom span, the
     targets and trunk where no clamp guards them, logits, loss), ``backward_heads`` (the
     gradient where it leaves the heads: a hook on the trunk output), ``backward`` (every
     parameter's gradient), ``optimizer`` (every weight and both Adam moments). ``guarded``
@@ -94,6 +105,13 @@ class Checks:
         def source(name: str) -> Callable[[], Tensor | None]:
             return lambda: seen.get(name)
 
+        for name in ENV_FIELDS:
+            rule = above("obs_scale") if "obs" in name else above("targets_bound")
+            s.add(f"env.{name}", source(f"env.{name}"), rule, phase="env")
+        for name in BATCH_FIELDS:
+            rule = {"obs": above("obs_scale"), "next_obs": above("obs_scale"),
+                    "reward": above("targets_bound")}.get(name)  # fmt: skip
+            s.add(f"replay.{name}", source(f"replay.{name}"), rule, phase="batch")
         s.add("obs", source("obs"), above("obs_scale"), phase="forward")
         s.add("atom_span", source("atom_span"), phase="forward")
         for name in ("targets", "trunk"):  # a guarded one is fed by its clamp (source None)
@@ -116,7 +134,22 @@ class Checks:
                 src = lambda p=p, k=key: optimizer.state.get(p, {}).get(k)  # noqa: E731
                 s.add(f"{moment}.{name}", src, rule, phase="optimizer")
 
-    # --- the learn step's calls -----------------------------------------------------------
+    # --- the runner's and the learn step's calls ----------------------------------------------
+    def env(self, obs: Tensor, reward: Tensor, final_obs: Tensor, policy: NonFinitePolicy) -> None:
+        """Phase ``env``: an env step's output, before replay stores it or the agent acts on it;
+        then ``policy`` (sanitize zeroes what is non-finite; skip waits for a batch holding it)."""
+        self._seen.update({"env.obs": obs, "env.reward": reward, "env.final_obs": final_obs})
+        self._check("env")
+        policy.source([obs, reward, final_obs])
+
+    def batch(self, batch: dict[str, Tensor], policy: NonFinitePolicy) -> None:
+        """Phase ``batch``: every replay field the step consumes, before anything reads it;
+        then ``policy`` (skip: the step is skipped; sanitize: non-finite elements are zeroed)."""
+        fields = [batch[k] for k in BATCH_FIELDS if k in batch]
+        self._seen.update({f"replay.{k}": batch[k] for k in BATCH_FIELDS if k in batch})
+        self._check("batch")
+        policy.inputs(fields)
+
     def see(self, name: str, x: Tensor) -> None:
         """Hold ``x`` as this step's buffer ``name`` for the next check of its phase."""
         self._seen[name] = x
@@ -195,9 +228,10 @@ class Checks:
         if self.policy != "halt" or not bool(self.sentinel.fired()):
             return None
         first = self.sentinel.report()[0]
+        unit = "batched env step" if first.phase == "env" else "learn step"
         return (
             f"sentinel slot {first.name!r} fired first: {first.kind} in phase {first.phase} "
-            f"at step {first.step} of this fold (value {first.value})"
+            f"at {unit} {first.step} of this fold (value {first.value})"
         )
 
     def state_dict(self) -> dict[str, Any]:

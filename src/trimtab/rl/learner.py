@@ -35,6 +35,7 @@ class Learner:
         """One guarded gradient step on ``batch``; returns detached device tensors. No host
         synchronisation: every decision below is a device operation."""
         agent, s, opt = self.agent, self.stability, self.agent.optimizer
+        s.checks.batch(batch, self.policy)  # stability: sentinel "batch" first; skip/sanitize
         support = s.support()  # stability: the C51 support (adaptive: ±measured target bound)
         z = atoms(*support, agent.config.n_atoms)
         with agent.precision():
@@ -77,7 +78,12 @@ class Learner:
         stab.attach(agent.online, agent.optimizer)
         return cls(agent, stab, NonFinitePolicy("halt", agent.optimizer, agent.device))
 
-    # --- what a runner reads --------------------------------------------------------------
+    # --- what a runner calls and reads ----------------------------------------------------
+    def see_env(self, obs: Tensor, reward: Tensor, final_obs: Tensor) -> None:
+        """Sentinel phase ``env`` on an env step's output, before replay stores it (then
+        ``sanitize`` zeroes what is non-finite). One launch, no host sync."""
+        self.stability.checks.env(obs, reward, final_obs, self.policy)
+
     @property
     def fingerprint(self) -> str:
         """The state-vector layout's fingerprint (checkpoints of another layout are refused)."""

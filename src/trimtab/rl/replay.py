@@ -204,12 +204,16 @@ class ReplayBuffer:
         return batch
 
     def update_priorities(self, indices: Tensor, priorities: Tensor) -> None:
-        """Set ``p_i = priorities + ε`` for the sampled rows (e.g. each sample's loss)."""
+        """Set ``p_i = priorities + ε`` for the sampled rows (e.g. each sample's loss). A
+        non-finite priority (a step the sentinel has flagged) leaves its row's priority as it
+        was: one NaN in the priorities would make every later sample a NaN index."""
         if not self.prioritized:
             return
         p = priorities.detach().to(self.device, torch.float32).abs() + PRIORITY_EPS
-        self.priority[indices] = p**self.alpha
-        torch.maximum(self._max_priority, p.max(), out=self._max_priority)
+        finite = torch.isfinite(p)
+        self.priority[indices] = torch.where(finite, p**self.alpha, self.priority[indices])
+        top = torch.where(finite, p, 0.0).max()
+        torch.maximum(self._max_priority, top, out=self._max_priority)
 
     # --- checkpointing --------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:

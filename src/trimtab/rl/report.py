@@ -125,16 +125,26 @@ def format_fold_table(summary: dict[str, Any]) -> str:
     of a run, used in README)."""
     head = (
         "| fold | test window | Sharpe | B&H Sharpe | return | B&H return | max DD | turnover "
-        "| hit rate | steps | non-finite |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| hit rate | steps | non-finite | flags |\n" + "|---" * 12 + "|"
     )
     rows = [
         f"| {r['fold']} | {r['test_start']} … {r['test_end']} | {r['sharpe']:+.2f} | "
         f"{r['buy_hold_sharpe']:+.2f} | {r['total_return']:+.1%} | {r['buy_hold_return']:+.1%} | "
         f"{r['max_drawdown']:.1%} | {r['turnover']:.3f} | {r['hit_rate']:.1%} | {r['steps']} | "
-        f"{r['nonfinite']} |"
+        f"{r['nonfinite']} | {fold_flags(r)} |"
         for r in summary["folds"]
     ]
     return "\n".join([head, *rows])
+
+
+def fold_flags(row: dict[str, Any]) -> str:
+    """What makes a fold's out-of-sample numbers untrustworthy, in a few words ("" if nothing)."""
+    flags = []
+    if row.get("extreme_moves"):
+        flags.append(f"{len(row['extreme_moves'])} extreme move(s) in test window: check data")
+    if row.get("ruin"):
+        flags.append(f"ruin on {row['ruin']}")
+    return "; ".join(flags)
 
 
 #: the columns of a market run's out-of-sample results per fold

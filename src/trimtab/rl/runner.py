@@ -8,6 +8,7 @@ once; every learning step goes through :mod:`trimtab.rl.learner`.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -66,6 +67,8 @@ def train(
     device = resolve_device(cfg.run.device)
     torch.set_num_threads(cfg.run.threads)
     adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
+    for warning in adapter.summary([]).get("data_warnings", []):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     run_dir = prepare_run_dir(cfg, resume)
     torch.manual_seed(cfg.run.seed)
     with Lifecycle() as life:
@@ -78,6 +81,7 @@ def train(
     log = MetricsLog(run_dir, purge_step=prog.global_step if resume else None)
     with (run_dir / "run.log").open("a") as fh:
         fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
+        fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
     halted: str | None = None
     t0 = time.perf_counter()
     try:
@@ -157,6 +161,8 @@ def _train_fold(
         action = agent.act(obs, prog.global_env_steps)
         # env step
         step = adapter.step(action)
+        # check: the sentinel sees what the env returned before anything consumes it
+        learner.see_env(step.obs, step.reward, step.final_obs)
         # scale reward: training rewards only; episode returns and metrics stay unscaled
         reward = step.reward * cfg.env.reward_scale
         # store: n-step transitions into replay, from the true successor at episode ends
@@ -238,6 +244,17 @@ def _close(bar: Any) -> None:
         bar.close()
 
 
+def _flags(row: dict[str, Any]) -> str:
+    """What makes a fold's numbers untrustworthy, said next to them."""
+    out = ""
+    if row.get("extreme_moves"):
+        out += f"  [! test window earns {len(row['extreme_moves'])} extreme one-day move(s): "
+        out += "; ".join(row["extreme_moves"][:3]) + " -- check the data]"
+    if row.get("ruin"):
+        out += f"  [! ruin on {row['ruin']}: the portfolio lost everything]"
+    return out
+
+
 def _print_fold(row: dict[str, Any], show: bool) -> None:
     if not show:
         return
@@ -246,7 +263,7 @@ def _print_fold(row: dict[str, Any], show: bool) -> None:
             f"fold {row['fold']} test {row['test_start']}..{row['test_end']}: "
             f"Sharpe {row['sharpe']:+.2f} (buy & hold {row['buy_hold_sharpe']:+.2f}), "
             f"return {row['total_return']:+.1%} (B&H {row['buy_hold_return']:+.1%}), "
-            f"max DD {row['max_drawdown']:.1%}, turnover {row['turnover']:.3f}",
+            f"max DD {row['max_drawdown']:.1%}, turnover {row['turnover']:.3f}" + _flags(row),
             flush=True,
         )
     else:

@@ -16,7 +16,7 @@ import torch
 
 from trimtab.rl import metrics
 from trimtab.rl.config import TrainConfig
-from trimtab.rl.data import DataError, MarketData, load_ohlcv
+from trimtab.rl.data import DataError, MarketData, describe_moves, extreme_moves, load_ohlcv
 from trimtab.rl.env import evaluate
 from trimtab.rl.features import WARMUP, FeatureNormalizer, compute_features
 
@@ -36,11 +36,14 @@ class Fold:
 @dataclass
 class MarketSet:
     """The market of a run: raw data, features ``[T, A, F]`` and log returns ``[T, A]``,
-    with the feature warm-up rows already cut off."""
+    with the feature warm-up rows already cut off. ``extreme [T, A]`` marks the one-day moves
+    of a user's files far outside the asset's own spread (:func:`trimtab.rl.data.extreme_moves`;
+    none for the embedded market, whose crashes are by design)."""
 
     data: MarketData
     features: np.ndarray
     log_returns: np.ndarray
+    extreme: np.ndarray | None = None
 
     @property
     def n_days(self) -> int:
@@ -62,6 +65,7 @@ def load_market(cfg: TrainConfig) -> MarketSet:
         data = simulate(maker(n_days=cfg.data.synthetic_days, seed=seed)).data
     feats = compute_features(data)[WARMUP:]
     rets = data.log_returns()[WARMUP:]
+    extreme = extreme_moves(data.log_returns())[WARMUP:] if cfg.data.paths else None
     data = data.slice(WARMUP, None)
     window = minimum_window(cfg)
     need = (cfg.walkforward.folds + 1) * window
@@ -72,7 +76,7 @@ def load_market(cfg: TrainConfig) -> MarketSet:
             f"({cfg.walkforward.folds + 1} windows of at least {window} days). "
             "Give more data, fewer --folds, or a shorter env.episode_days."
         )
-    return MarketSet(data=data, features=feats.astype(np.float32), log_returns=rets)
+    return MarketSet(data, feats.astype(np.float32), rets, extreme)
 
 
 def minimum_window(cfg: TrainConfig) -> int:
@@ -92,6 +96,15 @@ def fold_arrays(market: MarketSet, fold: Fold) -> tuple[np.ndarray, FeatureNorma
     """Features of every day up to the fold's test end, normalised by training-window stats."""
     norm = FeatureNormalizer().fit(market.features[fold.train_start : fold.train_end])
     return norm.transform(market.features[: fold.test_end]).astype(np.float32), norm
+
+
+def _test_moves(market: MarketSet, fold: Fold) -> list[str]:
+    """The extreme one-day moves whose returns the test window earns (dated)."""
+    if market.extreme is None:
+        return []
+    mask = np.zeros_like(market.extreme)
+    mask[fold.train_end : fold.test_end] = market.extreme[fold.train_end : fold.test_end]
+    return describe_moves(market.data, mask, limit=len(mask))
 
 
 def evaluate_fold(
@@ -128,6 +141,9 @@ def evaluate_fold(
         "buy_hold_max_drawdown": bh_metrics.max_drawdown,
         "flat_sharpe": 0.0,
         "flat_return": 0.0,
+        # flags: numbers that a bad tick or a lost-everything day make meaningless
+        "extreme_moves": _test_moves(market, fold),
+        "ruin": None if ev.ruin is None else market.date(fold.train_end - 1 + ev.ruin),
     }
     curves = {
         "agent_log_return": ev.log_returns,
