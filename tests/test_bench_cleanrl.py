@@ -1,0 +1,58 @@
+"""The CleanRL side-by-side benchmark runs end to end in --quick mode so it cannot rot: trimtab's
+side always; CleanRL's c51.py beside it only where its own venv is given (CLEANRL_PYTHON), and
+otherwise the peer is skipped with a message that says why."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_cleanrl.py"
+PEER = Path(__file__).parents[2] / "shared" / "peers" / "cleanrl"  # ../shared beside the repo
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_cleanrl", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_cleanrl_quick(tmp_path, capsys):
+    bench = _bench()
+    python = os.environ.get("CLEANRL_PYTHON")
+    peer = ["--cleanrl", str(PEER), "--cleanrl-python", python] if python else []
+    out = tmp_path / "cleanrl.json"
+    args = ["--quick", "--modes", "off", "--runs", str(tmp_path / "runs"), "--out", str(out)]
+    record = bench.main([*args, *peer])
+    printed = capsys.readouterr().out
+    saved = next(iter(json.loads(out.read_text()).values()))
+    assert saved["commit"] and saved["date"] and saved["steps"] == 3000 and saved["quick"]
+    runs = {(r["side"], r["impl"], r["mode"]): r for r in record["runs"]}
+    for impl in ("gymnasium", "torch"):
+        r = runs["trimtab", impl, "off"]
+        assert r["rc"] == 0 and r["env_steps_per_s"] > 0 and r["updates"] >= 200
+        assert 8 <= r["greedy"] <= 500 and 8 <= r["train_return_last100"] <= 500
+    if saved["cleanrl_skipped"]:
+        assert "CleanRL peer skipped: " in printed and len(runs) == 2
+    else:
+        r = runs["cleanrl", "gymnasium", "c51.py"]
+        assert (
+            r["rc"] == 0
+            and r["episodes"] > 50
+            and runs["trimtab", "torch", "off"]["wall_vs_cleanrl"] > 0
+        )
+    assert "steps/s" in printed
+
+
+def test_the_peer_is_refused_with_the_reason():
+    bench = _bench()
+    assert "no --cleanrl" in bench.peer_problem(None, None)
+    assert "c51.py does not exist" in bench.peer_problem(Path("/nonexistent"), "python")
+    # the time to solve: the first time the last 5000 steps' episodes average >= 475
+    stamped = [(1.0, 100, 20.0), (2.0, 4000, 480.0), (3.0, 9000, 480.0), (4.0, 9500, 500.0)]
+    assert bench.time_to_solve(stamped) is None  # fewer than 5 episodes in any window
+    stamped = [(float(i), 1000 * i, 20.0 if i < 6 else 500.0) for i in range(1, 16)]
+    assert bench.time_to_solve(stamped) == 10.0  # steps 6000-10000: five episodes of 500
