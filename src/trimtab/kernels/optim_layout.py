@@ -25,6 +25,7 @@ Why a sample and a window, not an exact quantile: see ``kernels/optim.py`` (spee
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -40,6 +41,10 @@ MIN_SAMPLE = 1 << 17
 MAX_SAMPLE_STRIDE = 64
 PHASE_PERIOD = 1 << 20  # a multiple of every stride: the rotation survives the wrap
 NONFINITE_BITS = 0x7F800000
+# Sub-bins of 2**FINE_SHIFT bits over the non-negative int32s (``bits >> FINE_SHIFT``): the keys
+# of the multi-tensor path's one histogram; keys from FINITE_KEYS up hold Inf and NaN.
+FINE_KEYS = 1 << (31 - FINE_SHIFT)
+FINITE_KEYS = NONFINITE_BITS >> FINE_SHIFT
 # ints: the counts below the 3 windows, then 3 coarse and 3 window histograms (|w|, |m|, |v|).
 INT_UNDER = 0  # 3 entries
 HIST_OFFSET = 4
@@ -73,21 +78,45 @@ def sample_stride(numel: int) -> int:
     return s
 
 
+@functools.lru_cache(maxsize=64)
+def _chunk_ids(numels: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The chunk of every element of a group (see :func:`sampled_elements`); fixed per layout,
+    so built once (int32: 4 bytes an element)."""
+    chunks = []
+    block = 0
+    for n in numels:
+        j = torch.arange(n, dtype=torch.int64)
+        chunks.append(block * (BLOCK // SUB) + j // SUB)
+        block += max(1, -(-n // BLOCK))
+    c = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.int64)
+    return c.to(device=device, dtype=torch.int32)
+
+
 def sampled_elements(numels: Sequence[int], phase: torch.Tensor, stride: int) -> torch.Tensor:
     """Bool mask over the group's elements concatenated in order: element ``j`` of tensor ``t``
     lies in chunk ``c = block_start[t] * (BLOCK // SUB) + j // SUB`` (``block_start`` as in the
     pointer table: a tensor takes ``max(1, ceil(n / BLOCK))`` blocks) and is sampled when
     ``(c + phase) % stride == 0``. Over ``stride`` consecutive phases every chunk is sampled
     exactly once. No host sync: ``phase`` stays on its device."""
-    device = phase.device
-    chunks = []
-    block = 0
-    for n in numels:
-        j = torch.arange(n, device=device, dtype=torch.int64)
-        chunks.append(block * (BLOCK // SUB) + j // SUB)
-        block += max(1, -(-n // BLOCK))
-    c = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.int64, device=device)
-    return (c + phase.to(torch.int64)) % stride == 0
+    c = _chunk_ids(tuple(numels), phase.device)
+    return (c + phase) % stride == 0
+
+
+@functools.lru_cache(maxsize=64)
+def sampled_index_table(numels: tuple[int, ...], stride: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[stride, L]``: row ``r`` lists the elements :func:`sampled_elements` picks at a
+    phase ``≡ r (mod stride)``, padded with ``sum(numels)`` (an index one past the group, where
+    the multi-tensor path keeps an Inf: a padded slot is never counted). Row
+    ``phase % stride`` is the step's sample, selected on the device (no host sync); about
+    ``8 * sum(numels)`` bytes, built once per layout."""
+    n = sum(numels)
+    c = _chunk_ids(numels, torch.device("cpu")).long()
+    rows = [torch.nonzero((c + r) % stride == 0).reshape(-1) for r in range(stride)]
+    width = max((r.numel() for r in rows), default=0)
+    table = torch.full((stride, width), n, dtype=torch.int64)
+    for r, idx in enumerate(rows):
+        table[r, : idx.numel()] = idx
+    return table.to(device)
 
 
 def float_bits(x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +145,28 @@ def histograms_reference(
         digit = torch.where(inwin, rel >> FINE_SHIFT, 0)
         fine = zeros.scatter_add(0, digit, inwin.int())
         ints[WINDOW_OFFSET + k * BINS : WINDOW_OFFSET + (k + 1) * BINS] += fine
+
+
+def histograms_from_fine(ints: torch.Tensor, fine: torch.Tensor, sel: torch.Tensor) -> None:
+    """Add to ``ints`` what :func:`histograms_reference` adds, from ``fine`` ``[3, FINE_KEYS]``:
+    per quantity the count of sampled elements per key ``float_bits >> FINE_SHIFT`` (keys of
+    Inf and NaN may hold anything: they are ignored). A coarse bin is 256 consecutive keys; the
+    window bases ``sel`` are multiples of ``2**FINE_SHIFT`` (the finalize writes them so), so
+    the window is the 256 keys from ``sel >> FINE_SHIFT`` and the count below it a prefix sum.
+    The multi-tensor path's binning: one histogram of the sample instead of masks per bin kind.
+    """
+    fine = fine[:, :FINITE_KEYS].to(torch.int64)
+    coarse = torch.nn.functional.pad(fine, (0, FINE_KEYS - FINITE_KEYS)).view(3, BINS, -1)
+    ints[HIST_OFFSET:WINDOW_OFFSET] += coarse.sum(-1).reshape(-1).to(ints.dtype)
+    cum = torch.nn.functional.pad(fine.cumsum(-1), (1, 0))  # cum[:, k]: keys below k
+    has = sel >= 0
+    base = (sel.to(torch.int64) >> FINE_SHIFT).clamp(0, FINITE_KEYS)
+    under = cum.gather(1, base[:, None]).reshape(-1)
+    ints[INT_UNDER : INT_UNDER + 3] += torch.where(has, under, 0).to(ints.dtype)
+    keys = base[:, None] + torch.arange(BINS, device=fine.device)
+    inside = has[:, None] & (keys < FINITE_KEYS)
+    win = fine.gather(1, keys.clamp(max=FINITE_KEYS - 1))
+    ints[WINDOW_OFFSET:INT_WIDTH] += torch.where(inside, win, 0).reshape(-1).to(ints.dtype)
 
 
 def parts_reference(parts: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
 from trimtab.kernels import optim_layout as lay
 from trimtab.lifecycle import register
+from trimtab.optim import _multi_tensor as mt
 from trimtab.optim import _reference as ref
 from trimtab.optim._slots import _SLOT_DOCS, NORM_EPS, SLOT_NAMES, WEIGHT_BOUND_FLOOR
 from trimtab.optim._triton_path import TritonPath
@@ -82,13 +83,13 @@ class Adam(TritonPath, torch.optim.Optimizer):
     clamp), ``|m|`` and ``|v|``, the clamp's engagement count and the max ``|w|``; each step's
     observation is folded into the slots by an :class:`~trimtab.AdaptiveEMA`. The coefficients a
     step uses come from the slots as they stood before it (one step of lag, so the kernel reads
-    every tensor once). Both paths compute the same statistics by one definition
+    every tensor once). Every path computes the same statistics by one definition
     (:mod:`trimtab.kernels.optim_layout`): the sums cover every element, and the quantiles
     come from a rotating systematic sample of 1024-element chunks (at least 2**17 elements,
     every chunk once per at most 64 steps; every element below 256K parameters), read to
     within 2**-8 below the sampled order statistic (within a factor 2 below on a step where
     the quantile moves by more than √2). The reference
-    (:func:`trimtab.optim._reference.adam_group_step_reference`, the CPU path) samples and
+    (:func:`trimtab.optim._reference.adam_group_step_reference`, the oracle) samples and
     bins the very elements the kernel does. On CUDA (:mod:`trimtab.kernels.optim`) a step is
     one fused update launch per group, then one finalize launch for all groups (quantiles,
     engagement correction, both EMAs, slots, step counters): two launches in all for one
@@ -183,6 +184,13 @@ class Adam(TritonPath, torch.optim.Optimizer):
     ``capturable=True`` keeps step counts on the device (the step can be captured in a CUDA
     graph); the whole step makes no host sync either way. The Triton path (``impl=None`` on
     CUDA, float32 contiguous parameters) always keeps steps on the device.
+
+    **Implementations** (``impl``), one signature per group step, chosen here only:
+    ``"triton"`` (the fused kernels), ``"foreach"`` (:mod:`trimtab.optim._multi_tensor`: a
+    group as flat buffers, a few dozen whole-group ops a step; the default wherever Triton does
+    not run, e.g. the CPU) and ``"torch"`` (the readable per-tensor reference, the oracle both
+    are tested against). ``None``: Triton on CUDA where it fits, else the multi-tensor path;
+    a group whose tensors mix dtypes or devices takes the reference.
     """
 
     def __init__(
@@ -262,6 +270,16 @@ class Adam(TritonPath, torch.optim.Optimizer):
         _check_group(self.param_groups[-1])
 
     def _choose_impl(self, impl: str | None, params: list[torch.Tensor]) -> str:
+        """``"triton"`` (CUDA, float32 contiguous), ``"foreach"`` (the multi-tensor path) or
+        ``"torch"`` (the per-tensor reference, the oracle: only when asked for). ``None``:
+        resolve_impl's rule, with the multi-tensor path where it would pick the reference."""
+        if impl not in (None, "torch", "foreach", "triton"):
+            raise ValueError(
+                f"impl must be None, 'torch' (the per-tensor reference), 'foreach' (multi-tensor) "
+                f"or 'triton', got {impl!r}"
+            )
+        if impl == "foreach":
+            return impl
         chosen = resolve_impl(impl, params)
         if chosen == "triton":
             bad = [p for p in params if p.dtype != torch.float32 or not p.is_contiguous()]
@@ -272,8 +290,8 @@ class Adam(TritonPath, torch.optim.Optimizer):
                         f"{sorted({str(p.dtype) for p in bad})}; pass impl=None to use the "
                         "PyTorch reference for them"
                     )
-                return "torch"
-        return chosen
+                chosen = "torch"
+        return "foreach" if impl is None and chosen == "torch" else chosen
 
     def _make_state_vector(
         self, sv: StateVector | None, num_groups: int, device: torch.device
@@ -394,7 +412,7 @@ class Adam(TritonPath, torch.optim.Optimizer):
                 "skip is decided on the parameters' device (a copy here would be a host sync)"
             )
         on_host = [not g["capturable"] for g in self.param_groups]
-        if self.impl == "torch" and self.device.type != "cpu" and any(on_host):
+        if self.impl != "triton" and self.device.type != "cpu" and any(on_host):
             raise ValueError(
                 "found_inf needs step counts on the device: pass capturable=True (the "
                 "reference path on a GPU keeps them on the CPU otherwise), or found_inf=None"
@@ -417,9 +435,7 @@ class Adam(TritonPath, torch.optim.Optimizer):
         skip = self._skip_flag(found_inf)
         grad_scale = getattr(self, "grad_scale", None)
         if self.impl == "triton":
-            from trimtab.kernels.optim import adam_group_step_triton as group_step
-        else:
-            group_step = ref.adam_group_step_reference
+            from trimtab.kernels.optim import adam_group_step_triton as kernel_step
         observed = [False] * len(self.param_groups)
         all_steps: list[torch.Tensor] = []
         for gi, group in enumerate(self.param_groups):
@@ -439,6 +455,12 @@ class Adam(TritonPath, torch.optim.Optimizer):
                 self._deficit[gi].copy_(ref.entropy_deficit(cols, self.device))
             wd = group["weight_decay"]
             beta1, beta2 = group["betas"]
+            if self.impl == "triton":
+                group_step = kernel_step
+            elif self.impl == "foreach" and mt.fits(params, grads):
+                group_step = mt.adam_group_step_multi_tensor
+            else:  # the reference: asked for, or a group of mixed dtypes or devices
+                group_step = ref.adam_group_step_reference
             group_step(
                 params, grads, ms, vs, steps, self._work(gi),
                 lr=lr, beta1=beta1, beta2=beta2, eps=group["eps"],
