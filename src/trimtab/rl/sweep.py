@@ -234,7 +234,10 @@ def _run_on_ray(
         if address is None:
             ray.init(num_cpus=cpus, include_dashboard=False)
         else:
-            ray.init(address=address)
+            try:
+                ray.init(address=address)
+            except ConnectionError as e:
+                raise SweepError(f"--address {address}: no Ray cluster there ({e})") from None
     pending: dict[Any, Trial] = {}
     try:
         resources = ray.cluster_resources()
