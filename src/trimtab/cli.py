@@ -66,10 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _halted() as e:
         print(f"trimtab: halted: {e}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        print(
-            "trimtab: interrupted; continue with `trimtab train --resume RUN_DIR`", file=sys.stderr
-        )
+    except KeyboardInterrupt as e:  # a run's own says where it was and what a resume redoes
+        print(f"trimtab: {e or 'interrupted'}", file=sys.stderr)
         return 130
 
 

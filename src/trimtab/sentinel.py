@@ -323,5 +323,26 @@ class Sentinel:
         """Clear every record and step counter (a fold boundary); no sync, capturable."""
         self._state.reset()
 
+    #: The device tensors that hold what the sentinel has seen (the rest is its wiring).
+    _RECORDS = ("rec", "value", "counters", "guard_steps")
+
+    def state_dict(self) -> dict[str, Any]:
+        """First-fire records and step counters, with the slot and phase names they index (so
+        a resumed run reports the steps an uninterrupted one would)."""
+        t = self._state.materialize()
+        out: dict[str, Any] = {"names": list(self.names), "phases": list(self.phases)}
+        out.update({k: t[k].clone() for k in self._RECORDS})
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["names"] != list(self.names) or state["phases"] != list(self.phases):
+            raise ValueError(
+                "sentinel state was saved with other slots or phases; build the sentinel with "
+                "the slots of the run that saved it"
+            )
+        t = self._state.materialize()
+        for k in self._RECORDS:
+            t[k].copy_(state[k])
+
     def __repr__(self) -> str:
         return f"Sentinel({len(self._slots)} slots, phases={list(self._state.phases)})"

@@ -60,7 +60,10 @@ def add_commands(sub: Any) -> None:
         "--stress", action="store_true", help="the stress preset of the synthetic market"
     )
     p.add_argument("--out", help="run directory (default runs/<time>-<stability>-s<seed>)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted run")
+    p.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR",
+        help="continue an interrupted run (or RUN_DIR/checkpoints/fold_K.pt: after fold K)",
+    )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)  # fmt: skip
 
@@ -117,18 +120,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         from trimtab.rl.config import TrainConfig
 
-        cfg = from_dict(TrainConfig, load_toml(args.resume / "config.toml"))
-        run = replace(
-            cfg.run, out=str(args.resume), progress=cfg.run.progress and not args.no_progress
-        )
+        run_dir, checkpoint = args.resume, None
+        if args.resume.is_file():  # a checkpoint of the run: RUN_DIR/checkpoints/NAME.pt
+            run_dir, checkpoint = args.resume.parent.parent, args.resume
+        cfg = from_dict(TrainConfig, load_toml(run_dir / "config.toml"))
+        run = replace(cfg.run, out=str(run_dir), progress=cfg.run.progress and not args.no_progress)
         cfg = replace(cfg, run=run)
         resume = True
     else:
         cfg = build_config(args)
-        resume = False
+        resume, checkpoint = False, None
     from trimtab.rl.train import train
 
-    summary = train(cfg, resume=resume)
+    summary = train(cfg, resume=resume, checkpoint=checkpoint)
     if cfg.env.name.startswith("gym:"):
         print(json.dumps(summary["eval"], indent=2))
     else:

@@ -8,8 +8,8 @@ once; every learning step goes through :mod:`trimtab.rl.learner`.
 
 from __future__ import annotations
 
+import json
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +26,8 @@ from trimtab.rl.report import build_report
 from trimtab.rl.rundir import (
     MetricsLog,
     Progress,
+    RunDirError,
+    RunInterrupted,
     TrainingHalted,
     TrainingInterrupted,
     default_out,
@@ -53,11 +55,14 @@ def train(
     cfg: TrainConfig,
     *,
     resume: bool = False,
+    checkpoint: str | Path | None = None,
     stop_after: int | None = None,
     setup: Callable[[Learner], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a training run on ``cfg.env.name``; returns the summary written to disk.
 
+    ``resume`` continues from ``checkpoint`` (default ``RUN_DIR/checkpoints/last.pt``; a fold
+    checkpoint of the same run restarts after that fold). A finished run is left as it is.
     ``stop_after`` (raise :class:`TrainingInterrupted` at the end of the batched env step in
     which that many gradient steps are done) and ``setup`` (called with the built
     :class:`~trimtab.rl.learner.Learner`) are test hooks.
@@ -69,7 +74,24 @@ def train(
     adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
     for warning in adapter.summary([]).get("data_warnings", []):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    run_dir = prepare_run_dir(cfg, resume)
+    run_dir, lock = prepare_run_dir(cfg, resume)  # locked until this run ends
+    try:
+        return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup)
+    finally:
+        adapter.close()
+        lock.release()
+
+
+def _run(
+    cfg: TrainConfig,
+    adapter: Any,
+    run_dir: Path,
+    device: torch.device,
+    resume: bool,
+    checkpoint: str | Path | None,
+    stop_after: int | None,
+    setup: Callable[[Learner], None] | None,
+) -> dict[str, Any]:
     torch.manual_seed(cfg.run.seed)
     with Lifecycle() as life:
         learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
@@ -77,13 +99,19 @@ def train(
         setup(learner)
     prog, fold_state = Progress(), None
     if resume:
-        prog, fold_state = load_checkpoint(run_dir, learner)
+        path = None if checkpoint is None else Path(checkpoint)
+        prog, fold_state = load_checkpoint(run_dir, learner, path)
+        if prog.fold >= adapter.n_folds:  # nothing to do: write nothing
+            summary_path = run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+            print(f"{run_dir} is a finished run ({prog.fold} folds, {prog.global_step} steps); "
+                  "nothing to resume, nothing changed", flush=True)  # fmt: skip
+            return {**summary, "run_dir": str(run_dir), "folds": prog.fold_rows}
     log = MetricsLog(run_dir, purge_step=prog.global_step if resume else None)
     with (run_dir / "run.log").open("a") as fh:
         fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
         fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
     halted: str | None = None
-    t0 = time.perf_counter()
     try:
         while prog.fold < adapter.n_folds:
             if prog.fold_step == 0 and prog.env_steps == 0 and prog.fold > 0:
@@ -105,9 +133,21 @@ def train(
             prog.fold_step = prog.env_steps = 0
             save_checkpoint(run_dir, cfg, learner, prog,
                             normalizer=adapter.normalizer_state(), fold_end=plan.index)  # fmt: skip
+    except KeyboardInterrupt:
+        redo = prog.global_step - prog.saved_step
+        raise RunInterrupted(
+            f"interrupted at step {prog.global_step}; continue with `trimtab train --resume "
+            f"{run_dir}` (it redoes the {redo} step(s) since the last checkpoint, step "
+            f"{prog.saved_step})"
+        ) from None
+    except OSError as e:  # a full disk while logging: the checkpoints are atomic, so intact
+        raise RunDirError(
+            f"writing to {run_dir} failed at step {prog.global_step}: {e.strerror or e}; the "
+            f"last good checkpoint (step {prog.saved_step}) is kept: free space, then "
+            f"`trimtab train --resume {run_dir}`"
+        ) from None
     finally:
         log.close()
-        adapter.close()
     summary = {
         "run_dir": str(run_dir),
         "env": cfg.env.name,
@@ -117,7 +157,7 @@ def train(
         "device": str(device),
         "env_steps": prog.global_env_steps,
         "updates": prog.global_step,
-        "seconds": round(time.perf_counter() - t0, 1),
+        "seconds": round(prog.elapsed(), 1),
         "fold_boundary": life.describe(),
         **adapter.summary(prog.fold_rows),
     }

@@ -134,6 +134,7 @@ class Stability:
             "bounds": self.bounds.state_dict() if self.bounds is not None else None,
             "checks": self.checks.state_dict(),
             "clip": clip.state_dict() if clip is not None else None,
+            "sentinel": self.sentinel.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -143,6 +144,7 @@ class Stability:
         self.checks.load_state_dict(state["checks"])
         if isinstance(self.clip, AdaptiveGradClip):
             self.clip.load_state_dict(state["clip"])
+        self.sentinel.load_state_dict(state["sentinel"])
 
 
 def _drop_moments(optimizer: torch.optim.Optimizer) -> None:
