@@ -144,9 +144,10 @@ def _config_diff(t: Trial) -> list[str]:
     from trimtab.rl.configio import ConfigError, from_dict, load_toml
 
     try:
-        return same_config(from_dict(TrainConfig, load_toml(t.run_dir / "config.toml")), t.cfg)
+        diff = same_config(from_dict(TrainConfig, load_toml(t.run_dir / "config.toml")), t.cfg)
     except ConfigError as e:
         return [str(e)]
+    return [d for d in diff if not d.startswith("run.out:")]  # a sweep directory may move
 
 
 def run_sweep(
