@@ -135,7 +135,10 @@ class MarketAdapter:
         return evaluate_fold(self.market, fold, self.feats, policy, self.cfg, self.device)
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"data_warnings": list(self.market.data.warnings)}
+        from trimtab.rl.report import aggregate_folds
+
+        return {"data_warnings": list(self.market.data.warnings),
+                "aggregate": aggregate_folds(rows)}  # fmt: skip
 
     def close(self) -> None:
         self.env = None

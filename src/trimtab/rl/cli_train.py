@@ -74,7 +74,10 @@ def add_commands(sub: Any) -> None:
     e = sub.add_parser("eval", help="evaluate a saved agent greedily on other market data")
     e.add_argument("checkpoint", type=Path)
     e.add_argument(
-        "--data", nargs="+", metavar="PATH", help="OHLCV files (default: the market it trained on)"
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="OHLCV files (default: its own market, out of and in sample apart)",
     )
     e.add_argument("--device", default="cpu")
     e.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
@@ -149,11 +152,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from trimtab.rl.evaluate import evaluate_checkpoint
+    from trimtab.rl.evaluate import evaluate_checkpoint, format_window
 
     result = evaluate_checkpoint(args.checkpoint, args.data, args.device)
-    for k, v in result.items():
-        print(f"{k:>20}: {v}")
+    print(f"checkpoint {result['checkpoint']}")
+    print(format_window(result))
+    if "in_sample" in result:
+        print(format_window(result["in_sample"]) + "  (training windows included)")
     if args.json:
         from trimtab.rl.checkpoint import atomic_write_json
 

@@ -335,9 +335,27 @@ def extreme_moves(log_returns: np.ndarray) -> np.ndarray:
         return np.zeros(np.shape(log_returns), dtype=bool)
     med = np.median(r, axis=0)
     spread = 1.4826 * np.median(np.abs(r - med), axis=0)
-    # a series without movement has no spread: any move at all is then extreme
-    out = np.abs(r - med) > EXTREME_MOVE_SIGMAS * spread
+    # a series flat on most days has no spread to judge by (still_series() warns about it)
+    out = (np.abs(r - med) > EXTREME_MOVE_SIGMAS * spread) & (spread > 0)
     return np.vstack([np.zeros((1, r.shape[1]), dtype=bool), out])
+
+
+def still_series(data: MarketData) -> list[str]:
+    """Warnings for assets whose price does not move on most days (no spread: Sharpe ratios and
+    extreme moves mean nothing there) or whose volume is zero throughout."""
+    r = data.log_returns()[1:]
+    out = []
+    for i, a in enumerate(data.assets):
+        flat = int(np.sum(r[:, i] == 0))
+        if r.shape[0] and flat * 2 > r.shape[0]:
+            out.append(
+                f"{data.source}: {a}'s price does not change on {flat} of {r.shape[0]} days; "
+                "Sharpe ratios on it are undefined or meaningless. Check the file (a stale "
+                "or forward-filled series looks like this)"
+            )
+        if not np.any(data.volume[:, i]):
+            out.append(f"{data.source}: {a}'s volume is zero on every day; check the file")
+    return out
 
 
 def describe_moves(data: MarketData, mask: np.ndarray, limit: int = 5) -> list[str]:
@@ -477,6 +495,7 @@ def load_ohlcv(
         common, tuple(a.name for a in assets), source=source, notes=tuple(notes), **cols
     )
     data.require_rows(min_rows, "min_rows")
+    warnings = still_series(data)
     mask = extreme_moves(data.log_returns())
     if mask.any():
         shown = "; ".join(describe_moves(data, mask))
@@ -486,5 +505,5 @@ def load_ohlcv(
             f"robust standard deviations of the asset's own returns: {shown}{more}. A bad tick "
             "or an unadjusted split looks like this; check those rows (or use Adj Close)"
         )
-        data = replace(data, warnings=(warning,))
-    return data
+        warnings.append(warning)
+    return replace(data, warnings=tuple(warnings))

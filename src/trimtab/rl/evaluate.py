@@ -1,4 +1,5 @@
-"""``trimtab eval``: a saved agent, greedy, on other market data (or the data it trained on)."""
+"""``trimtab eval``: a saved agent, greedy, on other market data, or on the days of its own
+market that it never trained on (and, apart, the days it did)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ from trimtab.rl.data import DataError, load_ohlcv
 from trimtab.rl.env import evaluate
 from trimtab.rl.features import WARMUP, FeatureNormalizer, compute_features
 
-__all__ = ["evaluate_checkpoint"]
+__all__ = ["evaluate_checkpoint", "format_window"]
 
 
 def evaluate_checkpoint(
     path: str | Path, data_paths: list[str] | None, device: str = "cpu"
 ) -> dict[str, Any]:
-    """Greedy out-of-sample metrics of the agent in checkpoint ``path`` over ``data_paths``.
+    """Greedy metrics of the agent in checkpoint ``path`` over ``data_paths``; without them,
+    over its run's market split at the end of its last training window: the headline is out of
+    sample (the days after it), ``in_sample`` the days before (training windows included).
 
     Features are normalised with the statistics of the last fold the agent trained on (saved
     in the checkpoint), as they were when it was evaluated during training.
@@ -70,22 +73,50 @@ def evaluate_checkpoint(
     if bound is not None:  # the adaptive support the agent ended with
         hi = torch.full((n_assets,), max(bound, 1e-3), device=agent.device)
         agent.support_fn = lambda: (-hi, hi)
-    ev = evaluate(
-        x, rets, lambda o: agent.act(o.to(agent.device, torch.float32), 0, greedy=True),
-        levels=cfg.env.levels, cost_bps=cfg.env.cost_bps, device=device,
-    )  # fmt: skip
-    m = metrics.window_metrics(ev.log_returns, ev.weights)
-    bh = metrics.buy_and_hold(ev.asset_log_returns, cfg.env.cost_bps).metrics()
-    return {
-        "checkpoint": str(path),
-        "start": str(dates[1]),
-        "end": str(dates[-1]),
-        "days": m.n_days,
-        "sharpe": round(m.sharpe, 4),
-        "total_return": round(m.total_return, 6),
-        "max_drawdown": round(m.max_drawdown, 6),
-        "turnover": round(m.turnover, 6),
-        "hit_rate": round(m.hit_rate, 4),
-        "buy_hold_sharpe": round(bh.sharpe, 4),
-        "buy_hold_return": round(bh.total_return, 6),
-    }
+
+    def policy(o: torch.Tensor) -> torch.Tensor:
+        return agent.act(o.to(agent.device, torch.float32), 0, greedy=True)
+
+    def window(name: str, start: int, end: int) -> dict[str, Any]:
+        ev = evaluate(x, rets, policy, levels=cfg.env.levels,
+                      cost_bps=cfg.env.cost_bps, start=start, end=end, device=device)  # fmt: skip
+        m = metrics.window_metrics(ev.log_returns, ev.weights)
+        bh = metrics.buy_and_hold(ev.asset_log_returns, cfg.env.cost_bps).metrics()
+        still = not np.any(ev.asset_log_returns)  # no price moves: a Sharpe ratio means nothing
+        return {
+            "window": name, "start": str(dates[start + 1]), "end": str(dates[end]),
+            "days": m.n_days, "sharpe": None if still else round(m.sharpe, 4),
+            "total_return": round(m.total_return, 6), "max_drawdown": round(m.max_drawdown, 6),
+            "turnover": round(m.turnover, 6), "hit_rate": round(m.hit_rate, 4),
+            "buy_hold_sharpe": None if still else round(bh.sharpe, 4),
+            "buy_hold_return": round(bh.total_return, 6),
+            "ruin": None if ev.ruin is None else str(dates[start + 1 + ev.ruin]),
+        }  # fmt: skip
+
+    last = len(rets) - 1
+    if data_paths:
+        return {"checkpoint": str(path), **window("given data", 0, last)}
+    # The run's own market: only the days after the last window this agent trained on are out
+    # of sample for it (earlier test windows were trained on by the time of this checkpoint).
+    from trimtab.rl.walkforward import make_folds
+
+    folds = make_folds(len(rets), cfg)
+    trained = folds[min(state["progress"]["fold"], len(folds)) - 1]
+    split = trained.train_end - 1  # the last training day's decision earns the first test day
+    out = {"checkpoint": str(path), **window("out of sample", split, last)}
+    if split > 1:
+        out["in_sample"] = window("in sample", 0, split)
+    return out
+
+
+def format_window(r: dict[str, Any]) -> str:
+    """One evaluation window as ``trimtab train`` prints a fold."""
+    sharpe = "undefined (prices do not move)" if r["sharpe"] is None else f"{r['sharpe']:+.2f}"
+    bh = "undefined" if r["buy_hold_sharpe"] is None else f"{r['buy_hold_sharpe']:+.2f}"
+    ruin = f"  [! ruin on {r['ruin']}: the portfolio lost everything]" if r.get("ruin") else ""
+    return (
+        f"{r['window']} {r['start']}..{r['end']} ({r['days']} days): Sharpe {sharpe} "
+        f"(buy & hold {bh}), return {r['total_return']:+.1%} (B&H {r['buy_hold_return']:+.1%}), "
+        f"max DD {r['max_drawdown']:.1%}, turnover {r['turnover']:.3f}, "
+        f"hit rate {r['hit_rate']:.1%}{ruin}"
+    )

@@ -16,7 +16,7 @@ import numpy as np
 
 from trimtab.rl.checkpoint import atomic_write_text
 
-__all__ = ["ReportError", "build_report", "format_fold_table"]
+__all__ = ["ReportError", "aggregate_folds", "build_report", "format_fold_table", "run_identity"]
 
 _PREFIXES = {
     "loss/": ("losses.png", "Training losses", "loss", True),
@@ -66,7 +66,8 @@ def _plot_equity(run: Path, summary: dict[str, Any], out: Path) -> Path | None:
         ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="flat")
         ax.set_title(
             f"fold {k} test {fold.get('test_start', '')}…{fold.get('test_end', '')}\n"
-            f"Sharpe {fold['sharpe']:.2f} vs B&H {fold['buy_hold_sharpe']:.2f}",
+            f"Sharpe {_fmt(fold['sharpe'], '{:.2f}')} vs B&H "
+            f"{_fmt(fold['buy_hold_sharpe'], '{:.2f}')}",
             fontsize=9,
         )
         ax.set_xlabel("test day")
@@ -120,6 +121,68 @@ def _plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> 
     return path
 
 
+def _fmt(v: Any, fmt: str) -> str:
+    """``v`` in ``fmt``; "undefined" for a None number (a Sharpe ratio of prices that never
+    move), "" for a missing one."""
+    if v is None:
+        return "undefined"
+    return fmt.format(v)
+
+
+def aggregate_folds(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A market run over its folds: Sharpe mean and standard error over the folds that have
+    one, the return compounded over every test window, the mean max drawdown, turnover and hit
+    rate (agent and buy & hold); None without folds."""
+    if not rows:
+        return None
+
+    def mean_se(key: str) -> tuple[float | None, float | None]:
+        v = np.array([r[key] for r in rows if r.get(key) is not None], dtype=np.float64)
+        if v.size == 0:
+            return None, None
+        se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else None
+        return float(v.mean()), se
+
+    sharpe, sharpe_se = mean_se("sharpe")
+    bh_sharpe, bh_se = mean_se("buy_hold_sharpe")
+    compound = float(np.prod([1.0 + r["total_return"] for r in rows]) - 1.0)
+    bh_compound = float(np.prod([1.0 + r["buy_hold_return"] for r in rows]) - 1.0)
+    return {
+        "folds": len(rows), "sharpe": sharpe, "sharpe_se": sharpe_se,
+        "buy_hold_sharpe": bh_sharpe, "buy_hold_sharpe_se": bh_se,
+        "total_return": compound, "buy_hold_return": bh_compound,
+        "max_drawdown": float(np.mean([r["max_drawdown"] for r in rows])),
+        "turnover": float(np.mean([r["turnover"] for r in rows])),
+        "hit_rate": float(np.mean([r["hit_rate"] for r in rows])),
+        "steps": int(sum(r["steps"] for r in rows)),
+        "nonfinite": int(sum(r["nonfinite"] for r in rows)),
+    }  # fmt: skip
+
+
+def run_identity(argv: list[str] | None = None) -> dict[str, Any]:
+    """What produced a run: trimtab's version, the git commit of its source (if it is a git
+    checkout; ``-dirty`` with uncommitted changes) and the command line."""
+    import shlex
+    import subprocess
+    import sys
+
+    from trimtab import __version__
+
+    commit = None
+    src = Path(__file__).resolve().parent
+    try:
+        git = ["git", "-C", str(src)]
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()  # fmt: skip
+        status = [*git, "status", "--porcelain", "--untracked-files=no"]
+        dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a git checkout (an installed wheel), or no git: the version says enough
+    argv = sys.argv if argv is None else argv
+    return {"version": __version__, "commit": commit, "command": shlex.join(argv)}
+
+
 def format_fold_table(summary: dict[str, Any]) -> str:
     """A market run's out-of-sample results per fold as a markdown table (printed at the end
     of a run, used in README)."""
@@ -127,14 +190,34 @@ def format_fold_table(summary: dict[str, Any]) -> str:
         "| fold | test window | Sharpe | B&H Sharpe | return | B&H return | max DD | turnover "
         "| hit rate | steps | non-finite | flags |\n" + "|---" * 12 + "|"
     )
+
+    def sharpe(v: float | None) -> str:
+        return "undefined" if v is None else f"{v:+.2f}"
+
     rows = [
-        f"| {r['fold']} | {r['test_start']} … {r['test_end']} | {r['sharpe']:+.2f} | "
-        f"{r['buy_hold_sharpe']:+.2f} | {r['total_return']:+.1%} | {r['buy_hold_return']:+.1%} | "
+        f"| {r['fold']} | {r['test_start']} … {r['test_end']} | {sharpe(r['sharpe'])} | "
+        f"{sharpe(r['buy_hold_sharpe'])} | {r['total_return']:+.1%} | "
+        f"{r['buy_hold_return']:+.1%} | "
         f"{r['max_drawdown']:.1%} | {r['turnover']:.3f} | {r['hit_rate']:.1%} | {r['steps']} | "
         f"{r['nonfinite']} | {fold_flags(r)} |"
         for r in summary["folds"]
     ]
+    agg = summary.get("aggregate") or aggregate_folds(summary["folds"])
+    if agg is not None and len(summary["folds"]) > 1:
+        rows.append(
+            f"| all | {agg['folds']} folds | {_mean_se(agg['sharpe'], agg['sharpe_se'])} | "
+            f"{_mean_se(agg['buy_hold_sharpe'], agg['buy_hold_sharpe_se'])} | "
+            f"{agg['total_return']:+.1%} | {agg['buy_hold_return']:+.1%} | "
+            f"{agg['max_drawdown']:.1%} | {agg['turnover']:.3f} | {agg['hit_rate']:.1%} | "
+            f"{agg['steps']} | {agg['nonfinite']} | mean ± s.e.; returns compounded |"
+        )
     return "\n".join([head, *rows])
+
+
+def _mean_se(mean: float | None, se: float | None) -> str:
+    if mean is None:
+        return "undefined"
+    return f"{mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "")
 
 
 def fold_flags(row: dict[str, Any]) -> str:
@@ -147,16 +230,20 @@ def fold_flags(row: dict[str, Any]) -> str:
     return "; ".join(flags)
 
 
-#: the columns of a market run's out-of-sample results per fold
-_MARKET_COLUMNS = [("fold", "{}"), ("test_start", "{}"), ("test_end", "{}"),
-                   ("sharpe", "{:.2f}"), ("buy_hold_sharpe", "{:.2f}"),
-                   ("total_return", "{:+.1%}"), ("buy_hold_return", "{:+.1%}"),
-                   ("max_drawdown", "{:.1%}"), ("turnover", "{:.3f}"), ("hit_rate", "{:.1%}"),
-                   ("steps", "{}"), ("nonfinite", "{}")]  # fmt: skip
+#: the columns of a market run's out-of-sample results per fold: key, format, header
+_MARKET_COLUMNS = [("fold", "{}", "fold"), ("test_start", "{}", "test start"),
+                   ("test_end", "{}", "test end"), ("sharpe", "{:+.2f}", "Sharpe"),
+                   ("buy_hold_sharpe", "{:+.2f}", "buy & hold Sharpe"),
+                   ("total_return", "{:+.1%}", "return"),
+                   ("buy_hold_return", "{:+.1%}", "buy & hold return"),
+                   ("max_drawdown", "{:.1%}", "max drawdown"), ("turnover", "{:.3f}", "turnover"),
+                   ("hit_rate", "{:.1%}", "hit rate"), ("steps", "{}", "steps"),
+                   ("nonfinite", "{}", "non-finite slots")]  # fmt: skip
 #: the columns of a Gymnasium run's greedy evaluation (its one "fold")
-_GYM_COLUMNS = [("fold", "{}"), ("episodes", "{}"), ("mean_return", "{:.1f}"),
-                ("std_return", "{:.1f}"), ("min_return", "{:.1f}"), ("max_return", "{:.1f}"),
-                ("steps", "{}"), ("nonfinite", "{}")]  # fmt: skip
+_GYM_COLUMNS = [("fold", "{}", "fold"), ("episodes", "{}", "episodes"),
+                ("mean_return", "{:.1f}", "mean return"), ("std_return", "{:.1f}", "std"),
+                ("min_return", "{:.1f}", "min"), ("max_return", "{:.1f}", "max"),
+                ("steps", "{}", "steps"), ("nonfinite", "{}", "non-finite slots")]  # fmt: skip
 
 
 def _market(summary: dict[str, Any]) -> bool:
@@ -164,15 +251,33 @@ def _market(summary: dict[str, Any]) -> bool:
 
 
 def _fold_table(summary: dict[str, Any]) -> str:
-    cols = _MARKET_COLUMNS if _market(summary) else _GYM_COLUMNS
-    head = "".join(f"<th>{c}</th>" for c, _ in cols)
+    market = _market(summary)
+    cols = _MARKET_COLUMNS if market else _GYM_COLUMNS
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, _, h in cols)
+    head += "<th>flags</th>" if market else ""
     body = []
     for f in summary.get("folds", []):
         cells = []
-        for c, fmt in cols:
+        for c, fmt, _ in cols:
             v = f.get(c)
-            cells.append(f"<td>{html.escape(fmt.format(v) if v is not None else '')}</td>")
+            text = "" if c not in f else _fmt(v, fmt)
+            cells.append(f"<td>{html.escape(text)}</td>")
+        if market:
+            cells.append(f"<td class=bad>{html.escape(fold_flags(f))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
+    agg = summary.get("aggregate") if market else None
+    if agg:
+        cells = {
+            "fold": "all", "test_start": f"{agg['folds']} folds", "test_end": "",
+            "sharpe": _mean_se(agg["sharpe"], agg["sharpe_se"]),
+            "buy_hold_sharpe": _mean_se(agg["buy_hold_sharpe"], agg["buy_hold_sharpe_se"]),
+        }  # fmt: skip
+        row = []
+        for c, fmt, _ in cols:
+            text = cells[c] if c in cells else _fmt(agg.get(c), fmt)
+            row.append(f"<th>{html.escape(text)}</th>")
+        row.append("<th>mean ± s.e.; returns compounded</th>")
+        body.append("<tr>" + "".join(row) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
@@ -222,6 +327,21 @@ def build_report(run_dir: str | Path) -> Path:
         else:
             sentinel = "<h2>Sentinel</h2><p>No slot fired.</p>"
     title = html.escape(run.name)
+    who = summary.get("identity") or {}
+    commit = f" (commit {who['commit']})" if who.get("commit") else ""
+    config = run / "config.toml"
+    config_html = (
+        f"<details><summary>config.toml</summary><pre>{html.escape(config.read_text())}</pre>"
+        "</details>"
+        if config.is_file()
+        else ""
+    )
+    ident = (
+        f"<p>Seed <b>{html.escape(str(summary.get('seed', '?')))}</b>. trimtab "
+        f"{html.escape(str(who.get('version', '?')))}{html.escape(commit)}. "
+        f"{html.escape(str(summary.get('seconds', '?')))} s. Command: "
+        f"<code>{html.escape(str(who.get('command', '?')))}</code></p>{config_html}"
+    )
     if _market(summary):
         note = " Sharpe: annualised, mean/std of daily net simple returns × √252."
         heading = "Out-of-sample results per fold"
@@ -231,7 +351,7 @@ def build_report(run_dir: str | Path) -> Path:
 <style>{_CSS}</style>
 </head><body><h1>trimtab run: {html.escape(run.name)}</h1>
 <p>Environment: <b>{html.escape(str(summary.get("env", "market")))}</b>.
-Stability mode: <b>{html.escape(str(summary.get("stability")))}</b>.{note}</p>{status}
+Stability mode: <b>{html.escape(str(summary.get("stability")))}</b>.{note}</p>{ident}{status}
 <h2>{heading}</h2>{_fold_table(summary)}{sentinel}<h2>Plots</h2>{figs}
 </body></html>
 """

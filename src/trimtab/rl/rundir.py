@@ -175,13 +175,14 @@ class MetricsLog:
         tb_purge = None if purge_step is None else purge_step + 1
         self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=tb_purge)
 
-    def write(self, row: dict[str, float]) -> None:
+    def write(self, row: dict[str, float | None]) -> None:
+        """One row; None (e.g. no episode ended in the interval) is an empty cell."""
         if self.columns is None:
             self.columns = list(row)
             with self.path.open("w", newline="") as fh:
                 csv.writer(fh).writerow(self.columns)
         with self.path.open("a", newline="") as fh:
-            csv.writer(fh).writerow([row.get(c, "") for c in self.columns])
+            csv.writer(fh).writerow(["" if row.get(c) is None else row[c] for c in self.columns])
         step = int(row["step"])
         for k, v in row.items():
             if k not in ("step", "fold") and isinstance(v, float) and np.isfinite(v):

@@ -22,7 +22,7 @@ from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.adapters import FoldPlan, make_adapter
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.learner import Learner, build_learner
-from trimtab.rl.report import build_report
+from trimtab.rl.report import build_report, run_identity
 from trimtab.rl.rundir import (
     MetricsLog,
     Progress,
@@ -154,6 +154,8 @@ def _run(
         "folds": prog.fold_rows,
         "halted": halted,
         "stability": cfg.run.stability,
+        "seed": cfg.run.seed,
+        "identity": run_identity(),
         "device": str(device),
         "env_steps": prog.global_env_steps,
         "updates": prog.global_step,
@@ -250,14 +252,17 @@ def _train_fold(
 
 def _log_row(
     prog: Progress, info: dict[str, torch.Tensor], learner: Learner, episodes: torch.Tensor
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     values = {col: info[key] for col, key in _INFO_COLUMNS.items() if key in info}
-    values["episode_return"] = episodes[0] / episodes[1].clamp_min(1)  # NaN-free: 0 if none
+    values["episode_return"] = episodes[0] / episodes[1].clamp_min(1)
+    values["episodes"] = episodes[1]
     values.update(learner.log_values())
     host = torch.stack([v.detach().double().reshape(()) for v in values.values()]).cpu()
-    row: dict[str, float] = {"step": prog.global_step, "fold": prog.fold,
-                             "env_steps": float(prog.global_env_steps)}  # fmt: skip
+    row: dict[str, float | None] = {"step": prog.global_step, "fold": prog.fold,
+                                    "env_steps": float(prog.global_env_steps)}  # fmt: skip
     row.update({n: float(h) for n, h in zip(values, host.tolist())})
+    if row.pop("episodes") == 0:  # no episode ended in the interval: no return to report
+        row["episode_return"] = None
     row["epsilon"] = learner.agent.epsilon(prog.global_env_steps)
     return row
 
@@ -273,15 +278,20 @@ def _bar(cfg: TrainConfig, plan: FoldPlan, initial: int) -> Any:
     )  # fmt: skip
 
 
-def _show(bar: Any, row: dict[str, float]) -> None:
+def _show(bar: Any, row: dict[str, float | None]) -> None:
     if bar is not None:
         shown = {"loss": "loss/total", "ret": "episode_return", "bound": "bound/support"}
-        bar.set_postfix({k: f"{row[c]:.3g}" for k, c in shown.items() if c in row})
+        values = {k: row.get(c) for k, c in shown.items()}
+        bar.set_postfix({k: f"{v:.3g}" for k, v in values.items() if v is not None})
 
 
 def _close(bar: Any) -> None:
     if bar is not None:
         bar.close()
+
+
+def _sharpe(value: float | None) -> str:
+    return "undefined (prices do not move)" if value is None else f"{value:+.2f}"
 
 
 def _flags(row: dict[str, Any]) -> str:
@@ -301,7 +311,7 @@ def _print_fold(row: dict[str, Any], show: bool) -> None:
     if "sharpe" in row:
         print(
             f"fold {row['fold']} test {row['test_start']}..{row['test_end']}: "
-            f"Sharpe {row['sharpe']:+.2f} (buy & hold {row['buy_hold_sharpe']:+.2f}), "
+            f"Sharpe {_sharpe(row['sharpe'])} (buy & hold {_sharpe(row['buy_hold_sharpe'])}), "
             f"return {row['total_return']:+.1%} (B&H {row['buy_hold_return']:+.1%}), "
             f"max DD {row['max_drawdown']:.1%}, turnover {row['turnover']:.3f}" + _flags(row),
             flush=True,

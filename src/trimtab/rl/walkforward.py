@@ -129,6 +129,8 @@ def evaluate_fold(
     agent = metrics.window_metrics(ev.log_returns, ev.weights)
     bh = metrics.buy_and_hold(ev.asset_log_returns, cfg.env.cost_bps)
     bh_metrics = bh.metrics()
+    # prices that never move: any Sharpe ratio is costs over a rounding error, so none is given
+    still = not np.any(ev.asset_log_returns)
     row = {
         "fold": fold.index,
         "train_start": market.date(fold.train_start),
@@ -136,7 +138,8 @@ def evaluate_fold(
         "test_start": market.date(fold.train_end),
         "test_end": market.date(fold.test_end - 1),
         **agent.as_dict(),
-        "buy_hold_sharpe": bh_metrics.sharpe,
+        "sharpe": None if still else agent.sharpe,
+        "buy_hold_sharpe": None if still else bh_metrics.sharpe,
         "buy_hold_return": bh_metrics.total_return,
         "buy_hold_max_drawdown": bh_metrics.max_drawdown,
         "flat_sharpe": 0.0,
