@@ -29,6 +29,7 @@ __all__ = ["SweepResult", "TrialResult", "read_summary", "require_ray", "run_swe
 
 #: a file in a sweep's directory that says so: only such a directory has trials removed
 MARKER = ".trimtab-sweep"
+_MARKER_TEXT = "a trimtab sweep: each folder CELL/seedN is a run directory\n"
 #: keys every summary.json the runner writes has (it is written atomically, once, at the end)
 _COMPLETE = ("run_dir", "folds", "halted", "seconds")
 INSTALL_HINT = "pip install 'trimtab[sweep]' (or pip install ray)"
@@ -80,10 +81,17 @@ def run_trial(cfg_data: dict[str, Any], run_dir: str) -> dict[str, Any]:
     from trimtab.rl.train import TrainingHalted, train
 
     path = Path(run_dir)
-    if path.exists():  # half-written by an interrupted or failed attempt: start it afresh
-        shutil.rmtree(path)
     t0 = time.perf_counter()
     node = platform.node()
+    root = path.parent.parent
+    if not root.exists():  # a node that does not share the driver's filesystem
+        root.mkdir(parents=True)
+        (root / MARKER).write_text(_MARKER_TEXT)
+    if path.exists():  # half-written by an interrupted or failed attempt: start it afresh
+        if not (root / MARKER).exists():
+            error = f"{path} is not in a trimtab sweep directory: not removed"
+            return {"status": "failed", "error": error, "seconds": 0.0, "node": node}
+        shutil.rmtree(path)
     try:
         summary = train(from_dict(TrainConfig, cfg_data))
     except TrainingHalted:
@@ -121,7 +129,7 @@ def claim(out: Path, trials: Sequence[Trial]) -> tuple[list[TrialResult], list[T
             raise SweepError(
                 f"{out} holds files and is not a trimtab sweep directory; choose another --out"
             )
-        (out / MARKER).write_text("a trimtab sweep: each folder CELL/seedN is a run directory\n")
+        (out / MARKER).write_text(_MARKER_TEXT)
     done, todo = [], []
     for t in trials:
         summary = read_summary(t.run_dir)
