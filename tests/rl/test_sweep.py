@@ -137,3 +137,41 @@ def test_sweep_on_local_ray_merges_resumes_and_reports_failures(tmp_path, base, 
         assert "Traceback" in (run_dir / "sweep_error.txt").read_text()
     finally:
         ray.shutdown()
+
+
+def test_table_counts_halted_runs_and_takes_each_kind_of_metric(tmp_path):
+    """A halted run counts with the folds it finished; a Gymnasium run gives eval_return; one
+    seed has no standard error; the CSV, JSON and plot are written."""
+    from pathlib import Path
+
+    from trimtab.rl.sweep import TrialResult
+    from trimtab.rl.sweep_spec import Trial
+    from trimtab.rl.sweep_table import format_table, merge, write_outputs
+
+    def trial(cell, seed):
+        return Trial(cell, (("run.stability", cell),), seed, None, Path(f"/x/{cell}/seed{seed}"))
+
+    market = [{"sharpe": 1.0, "total_return": 0.1}, {"sharpe": 2.0, "total_return": 0.3}]
+    trials = [trial("adaptive", 0), trial("adaptive", 1), trial("off", 0), trial("off", 1)]
+    results = [
+        TrialResult(trials[0], "done", {"folds": market, "halted": None}),
+        TrialResult(trials[1], "halted", {"folds": market[:1], "halted": "trunk fired"}),
+        TrialResult(trials[2], "done", {"folds": [], "eval": {"mean_return": 200.0}}),
+        TrialResult(trials[3], "failed", error="DataError: bad"),
+    ]
+    cells = merge(results, trials)
+    adaptive, off = cells
+    assert (adaptive["done"], adaptive["halted"], off["done"], off["failed"]) == (1, 1, 1, 1)
+    sharpe = adaptive["metrics"]["oos_sharpe"]  # per seed: mean over folds 1.5 and 1.0
+    assert sharpe["mean"] == 1.25 and math.isclose(sharpe["se"], 0.25) and sharpe["n"] == 2
+    assert off["metrics"] == {"eval_return": {"mean": 200.0, "se": None, "n": 1,
+                                              "seeds": {"0": 200.0}}}  # fmt: skip
+    text = format_table(cells)
+    assert "| run.stability=adaptive | 2 | 1 | 1 | 0 | +1.25 ± 0.25 | +0.15 ± 0.05 | - |" in text
+    assert "| run.stability=off | 2 | 1 | 0 | 1 | - | - | +200 |" in text
+    write_outputs(tmp_path, cells, [r.record() for r in results])
+    head = (tmp_path / "sweep.csv").read_text().splitlines()[0]
+    assert head.endswith("eval_return_mean,eval_return_se,eval_return_n")
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    failed = json.loads((tmp_path / "sweep.json").read_text())["trials"][3]
+    assert (failed["status"], failed["error"]) == ("failed", "DataError: bad")
