@@ -186,7 +186,8 @@ def noise_regimes(d: Draw):
     """Constant level; the noise sd switches between 1 and 8 at a rate of one per ~600 steps."""
     k = d.regimes(600.0)
     sd = torch.where(k % 2 == 0, 1.0, 8.0).double()
-    return _additive(torch.full((d.steps,), 10.0 * d.u() - 5.0, dtype=torch.float64), sd * d.randn())
+    level = torch.full((d.steps,), 10.0 * d.u() - 5.0, dtype=torch.float64)
+    return _additive(level, sd * d.randn())
 
 
 def mult_noise(d: Draw):
@@ -278,9 +279,7 @@ def make(name: str, steps: int, seed: int) -> tuple[Tensor, Tensor | None, Tenso
     return FAMILIES[name][1](Draw(gen, steps))
 
 
-def _score(
-    obs: Tensor, truth: Tensor, log: bool, device: torch.device
-) -> tuple[Tensor, Tensor]:
+def _score(obs: Tensor, truth: Tensor, log: bool, device: torch.device) -> tuple[Tensor, Tensor]:
     """MSE per slot of the adaptive EMA ``[slots]`` and of each fixed rate ``[rates, slots]``."""
     obs, truth = obs.to(device), truth.to(device)
     slots = obs.shape[1]

@@ -14,7 +14,9 @@ from trimtab.kernels.ema_layout import (
     EMA_BANK,
     EMA_FIELDS,
     FALSE_SHIFT_PROB,
+    LEAD_TOL,
     META_RATE,
+    NOISE_RATE,
     OUTLIER_Z,
     TINY,
 )
@@ -99,7 +101,10 @@ class AdaptiveEMA:
     plus a constant, whatever the true dynamics. So the log weights are discounted sums of it
     (winsorized, below), ``L_k ← (1 - β) L_k - (y_t - ŷ_k)²/(2R)``, β = ``META_RATE``: a
     Gaussian likelihood of common variance R (each candidate's own variance would instead ask
-    whose model fits, and none fits a sine). The estimate is the weighted mean of the
+    whose model fits, and none fits a sine). Then β of the weight is shared out evenly (fixed
+    share, Herbster & Warmuth 1998), ``w ← (1 - β) w + β/K``: no candidate's weight falls below
+    β/K, so after thousands of steps of one regime the weights still switch within a few steps
+    when another candidate starts to predict better. The estimate is the weighted mean of the
     candidates' filtered levels, ``m_t = Σ_k softmax(L)_k m_k``; ``alpha`` is the weighted mean
     of their level gains. The reported value is a level, never the trend's extrapolation; a
     trend that overshoots loses weight quadratically in its error, so no damping constant is
@@ -107,16 +112,21 @@ class AdaptiveEMA:
 
     **Noise variance** R from first differences, var(Δy) = 2R + Q ≈ 2R, winsorized at c and
     rescaled by the Gaussian consistency factor E[min(Z², c²)] (Huber 1964), meta-rate 1/n,
-    then ``META_RATE``.
+    then ``NOISE_RATE`` (faster than the scores: noise that scales with the level changes
+    with it).
 
     **Outliers and level shifts.** Each candidate's innovation is winsorized at ±c of its
     predictive standard deviation (Huber 1964): a lone spike moves the estimate by at most
     α c √S and every score by at most c² S/(2R). The mixture's standardized innovation z_t
     (prediction Σ w ŷ_k, variance Σ w (S_k + (ŷ_k - ŷ)²)) detects shifts: two consecutive
     exceedances of one sign that agree with each other (|y_t - y_(t-1)| ≤ c√(2R)) are a level
-    shift that began at t-1, and every candidate restarts from those two observations,
-    m = (y_(t-1) + y_t)/2, slope 0, p = diag(1/2, 0) (``alpha`` reads 1 at a restart); the
-    weights are kept, as a shift changes the level, not the dynamics. c is the normal quantile
+    shift that began at t-1, and every candidate but the leaders (the largest weight) restarts
+    from those two observations, m = (y_(t-1) + y_t)/2, slope 0, p = diag(1/2, 0) (``alpha``
+    reads 1 at a restart); the leaders keep the old level and drop to the least weight, so a
+    false shift is undone as soon as the restarted candidates err; the other weights are kept,
+    as a shift changes the level, not the dynamics. Two exceedances that do *not* agree are a
+    rise of the noise: R jumps to their half squared difference (at least c² R). c is the
+    normal quantile
     with 2Φ(-c)² = ``FALSE_SHIFT_PROB`` (≈ 2.84), widened to the Student-t quantile while R
     rests on few observations.
 
@@ -174,6 +184,14 @@ class AdaptiveEMA:
         w = torch.softmax(t["score"], 1)
         spread = (t["level"] - t["mean"][:, None]).square()
         return (w * (t["p_ll"] * t["r"][:, None] + spread)).sum(1).sqrt()
+
+    @property
+    def noise_var(self) -> torch.Tensor:
+        """Per slot, the measured noise variance R of the observations about their level (on
+        the log scale for :meth:`update_log`); NaN until two observations. A consumer that
+        asks how far one new observation may fall from :attr:`estimate` reads
+        ``sqrt(noise_var + std_error²)`` (the sentinel's thresholds do)."""
+        return self._t["r"]
 
     @property
     def nonfinite_count(self) -> torch.Tensor:
@@ -329,10 +347,10 @@ class AdaptiveEMA:
         first = take & (count == 1)
         y = torch.where(take, y, s["prev_obs"].nan_to_num(0.0))  # keep NaN/Inf out of the maths
 
-        # Differences seen so far (including this one) and the meta-rate: 1/n, then META_RATE.
+        # Differences seen so far (including this one) and R's meta-rate: 1/n, then NOISE_RATE.
         n = (count - 1).clamp(min=1).to(self.dtype)
-        b = torch.clamp(1.0 / n, min=META_RATE)
-        dof = torch.clamp(n - 1.0, min=1.0, max=(2.0 - META_RATE) / META_RATE)
+        b = torch.clamp(1.0 / n, min=NOISE_RATE)
+        dof = torch.clamp(n - 1.0, min=1.0, max=(2.0 - NOISE_RATE) / NOISE_RATE)
         c = _t_threshold(OUTLIER_Z, dof)
         kappa = _clipped_second_moment(c)
 
@@ -366,7 +384,11 @@ class AdaptiveEMA:
         # differs by the prediction's move between the two, a move that grows with the shift)
         # are a shift; a lone one is an outlier.
         agree = d2 <= c * c * 2.0 * torch.where(has_r, r_old, r_new)
-        shift = (z.abs() > c) & (prev_z.abs() > c) & (z * prev_z > 0) & agree
+        both = (z.abs() > c) & (prev_z.abs() > c)
+        shift = both & (z * prev_z > 0) & agree
+        # Two exceedances that differ by more than noise does are a rise of the noise: R jumps
+        # to their half squared difference (at least c² R), as a shift restarts the level.
+        r_new = torch.where(both & ~agree & has_r, torch.maximum(r_new, 0.5 * d2), r_new)
 
         # Kalman update of every candidate (P = P⁻ - k kᵀ S, written without cancellation).
         k_l, k_s = a_ll / s_norm, a_ls / s_norm
@@ -379,17 +401,27 @@ class AdaptiveEMA:
             # Discounted squared prediction error: the tracking error plus R, whatever the model.
             "score": (1.0 - META_RATE) * score - 0.5 * v.square() / r_use,
         }
-        # Keep the best candidate at log weight 0, so the scores stay bounded in float32.
-        new_bank["score"] -= new_bank["score"].max(1, keepdim=True).values
-        # A shift restarts every candidate from the two observations of the new level; the first
-        # observation replaces the estimate. The scores survive a shift, not a first observation.
+        # Keep the best candidate at log weight 0, so the scores stay bounded in float32, and
+        # share META_RATE of the weight out evenly (fixed share, Herbster & Warmuth 1998): no
+        # candidate falls below log(META_RATE / K), so the weights can switch within a few steps.
+        sc = new_bank["score"] - new_bank["score"].max(1, keepdim=True).values
+        new_bank["score"] = ((1.0 - META_RATE) * sc.exp() + META_RATE / sc.shape[1]).log()
+        # A shift restarts every candidate but the leaders (within LEAD_TOL of the best) from the
+        # two observations of the new level; the leaders keep the old level at the least weight,
+        # so a false shift (two noise values that look like one level, as a rise of the noise or
+        # heavy tails give) is undone as soon as the restarted candidates err. The first
+        # observation restarts every candidate and replaces the estimate. The other scores
+        # survive a shift, not a first observation.
+        sc = new_bank["score"]
+        lead = shift[:, None] & (sc >= sc.max(1, keepdim=True).values - LEAD_TOL)
         restart = torch.where(first, 1.0, 0.5)[:, None]
-        anew = (shift | first)[:, None]
+        anew = (shift | first)[:, None] & ~lead
         start = torch.where(first, y, 0.5 * (s["prev_obs"] + y))[:, None]
         zero = torch.zeros_like(pred)
         starts = {"level": start, "slope": zero, "p_ll": restart, "p_ls": zero, "p_ss": zero}
         for name, value in starts.items():
             new_bank[name] = torch.where(anew, value, new_bank[name])
+        new_bank["score"] = torch.where(lead, sc.min(1, keepdim=True).values, sc)
         new_bank["score"] = torch.where(first[:, None], zero, new_bank["score"])
         for name, value in new_bank.items():
             s[name].copy_(torch.where(take[:, None], value, s[name]))
@@ -402,7 +434,7 @@ class AdaptiveEMA:
             "mean": anchor[:, 0] + (w * (s["level"] - anchor)).sum(1),
             "r": torch.where(first, r_old, r_new),
             "prev_obs": y,
-            "prev_z": torch.where(first, 0.0, z),
+            "prev_z": torch.where(first | shift, 0.0, z),  # a shift uses up its exceedances
             "alpha": torch.where(shift | first, 1.0, (w * k_l).sum(1)),
         }
         for name, value in new.items():

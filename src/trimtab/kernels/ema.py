@@ -30,12 +30,18 @@ from trimtab.kernels.ema_layout import (
     EMA_FIELDS,
     EMA_WIDTH,
     ENG_FIELDS,
+    LEAD_TOL,
     META_RATE,
+    NOISE_RATE,
     TINY,
     dof_tables,
 )
 
 BLOCK_SLOTS = 16  # slots per program
+# R's meta-rate, a global the jit functions read (not a launch argument: the clip's and the
+# optimizer's kernels call _ema_step with their own signatures).
+_NOISE_RATE: tl.constexpr = tl.constexpr(NOISE_RATE)
+_LEAD_TOL: tl.constexpr = tl.constexpr(LEAD_TOL)
 
 
 @triton.jit
@@ -112,7 +118,7 @@ def _ema_step(
     y = tl.where(take, obs, tl.where(prev_obs == prev_obs, prev_obs, 0.0))
 
     n = tl.maximum(count - 1, 1).to(tl.float32)
-    b = tl.maximum(1.0 / n, META)
+    b = tl.maximum(1.0 / n, _NOISE_RATE)
     dof = tl.minimum(tl.maximum(count - 2, 1), DOF_MAX).to(tl.int32)  # clamp(n - 1, 1, max)
     c = tl.load(_ptr(tab, TAIL + 2, tl.float32) + dof - 1, mask=ok, other=1.0)
     kappa = tl.load(_ptr(tab, TAIL + 3, tl.float32) + dof - 1, mask=ok, other=1.0)
@@ -147,7 +153,9 @@ def _ema_step(
     var_mix = tl.sum(tl.where(cm, w * (s_norm * r_use + dev * dev), 0.0), axis=1)
     z = (y - pred_mix) / tl.sqrt(var_mix)
     agree = d2 <= c * c * 2.0 * r_sel  # the two observations differ as noise does
-    shift = (tl.abs(z) > c) & (tl.abs(prev_z) > c) & (z * prev_z > 0) & agree
+    both = (tl.abs(z) > c) & (tl.abs(prev_z) > c)
+    shift = both & (z * prev_z > 0) & agree
+    r_new = tl.where(both & ~agree & has_r, tl.maximum(r_new, 0.5 * d2), r_new)  # noise rise
 
     k_l = a_ll / s_norm
     k_s = a_ls / s_norm
@@ -156,8 +164,12 @@ def _ema_step(
     n_pss = a_ss - k_s * a_ls
     n_score = (1.0 - META) * score - 0.5 * (v * v) / r_use
     n_score = n_score - tl.max(tl.where(cm, n_score, -float("inf")), axis=1)[:, None]
+    n_score = tl.log((1.0 - META) * tl.exp(n_score) + META / K)  # fixed share
+    top = tl.max(tl.where(cm, n_score, -float("inf")), axis=1)[:, None]
+    lead = shift[:, None] & (n_score >= top - _LEAD_TOL)  # leaders keep the old level at a shift
+    n_score = tl.where(lead, tl.min(tl.where(cm, n_score, float("inf")), axis=1)[:, None], n_score)
     restart = tl.where(first, 1.0, 0.5)[:, None]
-    anew = (shift | first)[:, None]
+    anew = (shift | first)[:, None] & ~lead
     start = tl.where(first, y, 0.5 * (prev_obs + y))[:, None]
     tk = take[:, None]
     level = tl.where(tk, tl.where(anew, start, n_level), level)
@@ -186,7 +198,7 @@ def _ema_step(
     tl.store(_ptr(tab, BASE + 0, tl.float32) + slot, mean, mask=ok)
     tl.store(_ptr(tab, BASE + 1, tl.float32) + slot, r, mask=ok)
     tl.store(_ptr(tab, BASE + 2, tl.float32) + slot, tl.where(take, y, prev_obs), mask=ok)
-    z_new = tl.where(take, tl.where(first, 0.0, z), prev_z)
+    z_new = tl.where(take, tl.where(first | shift, 0.0, z), prev_z)
     tl.store(_ptr(tab, BASE + 3, tl.float32) + slot, z_new, mask=ok)
     tl.store(_ptr(tab, BASE + 4, tl.float32) + slot, tl.where(take, new_alpha, alpha_old), mask=ok)
     tl.store(_ptr(tab, BASE + 5, tl.int64) + slot, count, mask=ok)

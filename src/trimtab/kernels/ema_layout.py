@@ -29,6 +29,17 @@ import torch
 # R is a plain sample mean before 1/β observations (rate 1/n), so it needs no warm-up.
 META_RATE = 1e-3
 
+# Meta-rate of the noise variance R (after its first 1/NOISE_RATE differences, a plain mean). R
+# describes the noise, which may change with the level (a p99's noise scales with it): a memory of
+# ~100 differences re-learns a tenfold change of the noise within a few hundred steps, and still
+# estimates R to ~10% (relative sd √NOISE_RATE), which moves the outlier threshold by ~5%.
+NOISE_RATE = 1e-2
+
+# Log weight within which candidates tie for the lead (the leaders keep the old level through a
+# shift): a tolerance against rounding, so the reference and the kernels, which round the scores
+# in another order, pick the same leaders; far below any gap that decides between candidates.
+LEAD_TOL = 1e-3
+
 # Probability, per step of a stationary signal, of declaring a level shift that is not there.
 # A false restart costs one step of error about c·σ and a few steps of a fresh mean; at 1e-5 it
 # happens about once in 10^5 steps per slot. It fixes the outlier threshold c below (≈ 2.84),
@@ -84,8 +95,8 @@ def clipped_second_moment(c: torch.Tensor) -> torch.Tensor:
 
 
 #: Largest degree of freedom of the thresholds: the reference clamps ``n - 1`` to
-#: ``(2 - META_RATE) / META_RATE`` (in float32 there, so the same rounding here).
-DOF_MAX = int(torch.tensor((2.0 - META_RATE) / META_RATE).item())
+#: ``(2 - NOISE_RATE) / NOISE_RATE`` (in float32 there, so the same rounding here).
+DOF_MAX = int(torch.tensor((2.0 - NOISE_RATE) / NOISE_RATE).item())
 
 _dof_tables: dict[torch.device, tuple[int, torch.Tensor, torch.Tensor]] = {}
 
