@@ -66,12 +66,14 @@ def peer_problem(cleanrl: Path | None, python: str | None) -> str | None:
     return None
 
 
-def time_to_solve(stamped: list[tuple[float, int, float]]) -> float | None:
-    """The first wall time at which the episodes that ended within the last ``WINDOW`` env
-    steps average >= ``SOLVED``; ``stamped`` holds (wall s, env step, return) in order."""
+def time_to_solve(stamped: list[tuple[float, int, float]], min_count: int = 5) -> float | None:
+    """The first wall time at which the ``min_count`` or more returns stamped within the last
+    ``WINDOW`` env steps average >= ``SOLVED``; ``stamped`` holds (wall s, env step, return) in
+    order: CleanRL's episodes, or trimtab's metrics rows (each already the mean return of the
+    episodes of its ``WINDOW`` steps: examples/cartpole.toml logs every 500 x 10 env steps)."""
     for i, (t, step, _) in enumerate(stamped):
         recent = [r for _, s, r in stamped[: i + 1] if s > step - WINDOW]
-        if len(recent) >= 5 and sum(recent) / len(recent) >= SOLVED:
+        if len(recent) >= min_count and sum(recent) / len(recent) >= SOLVED:
             return t
     return None
 
@@ -135,7 +137,7 @@ def run_trimtab(
         watcher.join()
     row: dict[str, Any] = {"side": "trimtab", "impl": impl, "mode": mode, "steps": steps,
                            "wall_s": wall, "env_steps_per_s": steps / wall, "rc": proc.returncode,
-                           "run_dir": str(out), "solve_s": time_to_solve(stamped)}  # fmt: skip
+                           "run_dir": str(out), "solve_s": time_to_solve(stamped, 1)}  # fmt: skip
     summary = out / "summary.json"
     if proc.returncode == 0 and summary.is_file():
         s = json.loads(summary.read_text())

@@ -56,3 +56,6 @@ def test_the_peer_is_refused_with_the_reason():
     assert bench.time_to_solve(stamped) is None  # fewer than 5 episodes in any window
     stamped = [(float(i), 1000 * i, 20.0 if i < 6 else 500.0) for i in range(1, 16)]
     assert bench.time_to_solve(stamped) == 10.0  # steps 6000-10000: five episodes of 500
+    # trimtab's metrics rows, one per 5000 env steps, each a mean over its episodes
+    rows = [(1.0, 5000, 20.0), (2.0, 10000, 470.0), (3.0, 15000, 480.0)]
+    assert bench.time_to_solve(rows) is None and bench.time_to_solve(rows, 1) == 3.0
