@@ -86,13 +86,28 @@ def scale_finite_(
 
         launch_scale_finite(tensors, scale.contiguous(), counter)
         return tensors
-    torch._foreach_mul_(tensors, [c.to(t.dtype) for c, t in zip(scale.unbind(), tensors)])
-    pair = None if counter is None else torch.zeros(2, dtype=torch.int64, device=scale.device)
-    for t in tensors:  # NaN * c is NaN: the non-finite elements are replaced here
-        clamp_finite_(t, float("nan"), pair, impl="torch")
-    if counter is not None:
-        counter.add_(pair[1])
+    _scale_finite_reference_(tensors, scale, counter)
     return tensors
+
+
+def _scale_finite_reference_(
+    tensors: list[torch.Tensor], scale: torch.Tensor, counter: torch.Tensor | None
+) -> None:
+    """The torch path of :func:`scale_finite_`: the products in each tensor's dtype (one
+    ``_foreach_mul_``), then every tensor's NaN and ±Inf become +0 in one flat pass (the
+    result of :func:`clamp_finite_` with no bound on each tensor, whatever the tensor count).
+    """
+    torch._foreach_mul_(tensors, [c.to(t.dtype) for c, t in zip(scale.unbind(), tensors)])
+    # NaN * c is NaN: the non-finite elements are replaced here. A finite value survives the
+    # round trip through the (widest) common dtype exactly.
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    if counter is not None:
+        counter.add_(flat.numel() - torch.isfinite(flat).sum())
+    flat.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    parts = flat.split([t.numel() for t in tensors])
+    torch._foreach_copy_(
+        [t.detach() for t in tensors], [f.view(t.shape) for f, t in zip(parts, tensors)]
+    )
 
 
 def guard_(

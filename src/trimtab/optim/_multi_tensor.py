@@ -15,6 +15,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,9 +25,9 @@ from trimtab.kernels.optim_layout import (
     PART_ENGAGED,
     PART_FINITE,
     PART_GG,
-    PART_MAXBITS,
     PART_VHAT,
     Workspace,
+    float_bits,
     histograms_from_fine,
     sample_stride,
     sampled_index_table,
@@ -34,13 +35,17 @@ from trimtab.kernels.optim_layout import (
 from trimtab.optim._reference import coefficients
 
 _MAX_LAYOUTS = 8
+#: Read CPU-resident skip flags and step counters on the host to skip work (no sync on the
+#: CPU); tests switch it off to run the device logic (selects, per-tensor coefficients) there.
+HOST_READS = True
 
 
 class _Layout:
     """The buffers and views of one group layout (shapes, dtype, device, L1 tensors, stride),
-    built once: flat buffers of ``n`` elements (``amv``: ``|w''|``, ``m``, ``v`` as rows, one
-    Inf past the end for the sample's padding), their per-tensor views in the tensors' shapes,
-    and the sample's index table. Reused by every step: a step allocates only scalars."""
+    built once and reused by every step (a step allocates only scalars): the flat ``amv``
+    ``[3, n + 1]`` (rows: the weights, ``m``, ``v``; one Inf past the end, which the sample's
+    padding reads), flat ``g`` and three scratch buffers, their per-tensor views in the
+    tensors' shapes, the L1 tensors' mask and the sample's index table."""
 
     def __init__(
         self,
@@ -55,10 +60,8 @@ class _Layout:
         new = lambda *size: torch.empty(size, dtype=dtype, device=device)  # noqa: E731
         self.amv = new(3, n + 1)
         self.amv[:, n] = math.inf
-        self.a, self.m, self.v = self.amv[0, :n], self.amv[1, :n], self.amv[2, :n]
-        self.w, self.g, self.s, self.u = new(n), new(n), new(n), new(n)
-        self.finite = torch.empty(n, dtype=torch.bool, device=device)
-        self.over = torch.empty(n, dtype=torch.bool, device=device)
+        self.w, self.m, self.v = self.amv[0, :n], self.amv[1, :n], self.amv[2, :n]
+        self.g, self.s, self.u, self.t = new(n), new(n), new(n), new(n)
         offsets = [0]
         for k in numels:
             offsets.append(offsets[-1] + k)
@@ -66,17 +69,25 @@ class _Layout:
         def views(flat: torch.Tensor) -> list[torch.Tensor]:
             return [flat[o : o + k].view(s) for o, k, s in zip(offsets, numels, shapes)]
 
-        self.wv, self.gv, self.mv, self.vv = (views(t) for t in (self.w, self.g, self.m, self.v))
-        self.sv, self.uv = views(self.s), views(self.u)
+        self.wv, self.mv, self.vv, self.gv = (views(x) for x in (self.w, self.m, self.v, self.g))
+        self.sv, self.uv, self.tv = views(self.s), views(self.u), views(self.t)
+        self.numels = list(numels)
         self.l1 = l1
         self.wv_l1 = [self.wv[i] for i in l1]
+        self.l1_mask = None
+        if l1 and len(l1) < len(numels):
+            self.l1_mask = torch.zeros(n, dtype=dtype, device=device)
+            for i in l1:
+                self.l1_mask[offsets[i] : offsets[i + 1]] = 1
         self.table = sampled_index_table(numels, stride, device)
+        width = self.table.shape[1]
+        self.sample = torch.empty(3, width, dtype=torch.float32, device=device)
         self.fine = torch.zeros(3 * FINE_KEYS, dtype=torch.int32, device=device)
-        self.key_offsets = (torch.arange(3, device=device) * FINE_KEYS)[:, None]
-        self.ones = torch.ones(3 * self.table.shape[1], dtype=torch.int32, device=device)
-        self.old: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.key_offsets = (torch.arange(3, dtype=torch.int32, device=device) * FINE_KEYS)[:, None]
+        self.ones = torch.ones(3 * width, dtype=torch.int32, device=device)
+        self.old: tuple[torch.Tensor, ...] | None = None
 
-    def olds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def olds(self) -> tuple[torch.Tensor, ...]:
         """Flat copies of w, m, v before the step (for a skip's select), allocated on first use."""
         if self.old is None:
             self.old = tuple(torch.empty_like(t) for t in (self.w, self.m, self.v))
@@ -91,9 +102,8 @@ def _layout(
     params: Sequence[torch.Tensor], l1_params: Sequence[bool], stride: int | None
 ) -> _Layout:
     shapes = tuple(p.shape for p in params)
-    numels = [p.numel() for p in params]
     if stride is None:
-        stride = sample_stride(sum(numels))
+        stride = sample_stride(sum(p.numel() for p in params))
     l1 = tuple(i for i, f in enumerate(l1_params) if f)
     key = (shapes, params[0].dtype, params[0].device, l1, stride)
     layouts = getattr(_cache, "layouts", None)
@@ -120,6 +130,44 @@ def fits(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> bool:
     )
 
 
+class _Coefficients(NamedTuple):
+    """The bias-correction coefficients of a step: 0-dim tensors or floats shared by every
+    tensor (``uniform``), else one per tensor (a device vector, or a list of host floats)."""
+
+    uniform: bool
+    bc1: Any
+    bc2_sqrt: Any
+    den_div: Any  # the denominator is √v / den_div + den_add
+    den_add: Any
+    value: Any  # the update is w += value * m / denominator
+
+
+def _coefficients(steps, lr, beta1, beta2, eps, dtype, capturable, on_host) -> _Coefficients:
+    """As the reference computes them per tensor; when every counter is equal (checked only
+    where the counters are host-readable: the CPU), computed once, from the first, exactly as
+    the reference does for each tensor."""
+    if capturable:
+        uniform = False
+        if on_host:  # CPU counters: reading them is no sync
+            host = torch.stack(list(steps)).tolist()
+            uniform = all(h == host[0] for h in host)
+        step_d = (steps[0] if uniform else torch.stack(list(steps))).to(dtype) + 1
+        bc1 = 1 - beta1**step_d
+        step_size_neg = (lr / bc1).neg()
+        bc2_sqrt = (1 - beta2**step_d).sqrt()
+        return _Coefficients(
+            uniform, bc1, bc2_sqrt, bc2_sqrt * step_size_neg, eps / step_size_neg, 1
+        )
+    host = [t + 1 for t in torch.stack(list(steps)).tolist()]  # CPU counters: no sync
+    uniform = on_host and all(h == host[0] for h in host)
+    bc1 = [1 - beta1**t for t in host]
+    bc2_sqrt = [(1 - beta2**t) ** 0.5 for t in host]
+    value = [-(lr / b) for b in bc1]
+    if uniform:
+        return _Coefficients(True, bc1[0], bc2_sqrt[0], bc2_sqrt[0], eps, value[0])
+    return _Coefficients(False, bc1, bc2_sqrt, bc2_sqrt, eps, value)
+
+
 def adam_group_step_multi_tensor(
     params: Sequence[torch.Tensor],
     grads: Sequence[torch.Tensor],
@@ -144,93 +192,96 @@ def adam_group_step_multi_tensor(
     stride: int | None = None,
 ) -> None:
     """One Adam(W) step of one parameter group and its statistics, as
-    :func:`~trimtab.optim._reference.adam_group_step_reference` (the same arguments, the same
-    arithmetic per element; the sums in another order). Every tensor of the group shares one
-    dtype and device (:func:`fits`). No host sync on any device (``capturable=False`` reads
-    the CPU step counters, as the reference does).
+    :func:`~trimtab.optim._reference.adam_group_step_reference` (the same arguments and
+    results: the update's arithmetic per element is the reference's, the statistics are the
+    same quantities in another order of summation). Every tensor of the group shares one dtype
+    and device (:func:`fits`). No host sync; on the CPU it reads the CPU-resident ``skip`` and
+    step counters to skip work (a skipped step touches nothing; equal counters share one
+    coefficient), which changes no result.
 
-    Bytes moved (``N`` elements of ``s`` bytes): the copies in and out of the flat buffers
-    (read w, g, m, v, write them flat, read them back into w, m, v: ``14 sN``), about twenty
-    flat elementwise passes, and ``3 N / stride`` gathered elements for the histograms.
+    Every pass is a whole-group op on a flat buffer, and none builds a boolean mask (slow on
+    the CPU): the non-finite count is that of ``w - w`` (NaN exactly where ``w`` is not
+    finite), the clamp's engagements those of ``w - clamp(w)`` less the non-finite ones, the
+    finite max that of ``nan_to_num(w)``.
+
+    Bytes moved (``N`` elements of ``s`` bytes): the copies into and out of the flat buffers
+    (``14 sN``), about twenty flat elementwise passes, and ``3 N / stride`` gathered elements
+    for the histograms.
     """
     if not params:
         return
     L = _layout(params, l1_params, stride)
-    dtype = L.w.dtype
+    if L.n == 0:  # only zero-size tensors: nothing to update, count or sample
+        if stats:
+            work.parts[0].zero_()
+        return
+    w, g, m, v, s, u, t = L.w, L.g, L.m, L.v, L.s, L.u, L.t
+    dtype, on_host = w.dtype, HOST_READS and w.device.type == "cpu"
+    decay_c, l1_c, bound_c = coefficients(slots, floor)
+    skipped: bool | None = None  # known on the host: True/False; on a device: None
+    if skip is not None:
+        skip = skip != 0
+        if on_host:
+            skipped = bool(skip)
+    select = skip is not None and skipped is None  # decided on the device, by a select
     torch._foreach_copy_(L.wv, params)
     torch._foreach_copy_(L.gv, grads)
     torch._foreach_copy_(L.mv, exp_avgs)
     torch._foreach_copy_(L.vv, exp_avg_sqs)
-    w, g, m, v, s, u = L.w, L.g, L.m, L.v, L.s, L.u
-    decay_c, l1_c, bound_c = coefficients(slots, floor)
-    if skip is not None:
-        skip = skip != 0
+    if select:
         w0, m0, v0 = L.olds()
-        w0.copy_(w)
-        m0.copy_(m)
-        v0.copy_(v)
+        w0.copy_(w), m0.copy_(m), v0.copy_(v)
     if grad_scale is not None:
         g.mul_(grad_scale.float().reciprocal().to(dtype))
-    m.lerp_(g, 1 - beta1)
-    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    if skip is not None:  # the moments the rest of the step reads, as the reference's select
+    if not skipped:  # a skip known on the host keeps the moments, as the reference's select
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    if select:
         torch.where(skip, m0, m, out=m)
         torch.where(skip, v0, v, out=v)
 
-    # Per-tensor bias corrections (the step counters may differ between tensors).
-    if capturable:
-        step_d = torch.stack(list(steps)).to(dtype) + 1
-        bc1 = 1 - beta1**step_d
-        step_size_neg = (lr / bc1).neg()
-        bc2_sqrt = (1 - beta2**step_d).sqrt()
-        den_div, den_add = bc2_sqrt * step_size_neg, eps / step_size_neg
-    else:
-        host = [t + 1 for t in torch.stack(list(steps)).tolist()]  # CPU counters: no sync
-        bc1 = [1 - beta1**t for t in host]
-        bc2_sqrt = [(1 - beta2**t) ** 0.5 for t in host]
-        step_size_neg = [-(lr / b) for b in bc1]
+    c = _coefficients(steps, lr, beta1, beta2, eps, dtype, capturable, on_host)
     torch.sqrt(v, out=s)
-    if stats:  # u = m̂ / (√v̂ + ε) = m / (bc1 (√v / √bc2 + ε)), per element as the reference
-        u.copy_(s)
-        _per_tensor("div_", u, L.uv, bc2_sqrt)
-        u.add_(eps)
-        _per_tensor("mul_", u, L.uv, bc1)
-        torch.div(m, u, out=u)
+    if stats:
         row = work.parts[0]
+        # u = m̂ / (√v̂ + ε) = m / (bc1 (√v / √bc2 + ε)), the Adam direction
+        if c.uniform:
+            torch.mul(s, c.bc1 / c.bc2_sqrt, out=u).add_(c.bc1 * eps)
+        else:
+            u.copy_(s)
+            _per_tensor("div_", L.uv, c.bc2_sqrt)
+            u.add_(eps)
+            _per_tensor("mul_", L.uv, c.bc1)
+        torch.div(m, u, out=u)
         sums = torch.stack(
             [
-                torch.dot(w, u),
-                torch.dot(w, w),
-                torch.dot(u, u),
-                torch.linalg.vector_norm(u, 1),
-                _l1_abs_sum(L, w),
-                torch.dot(g, g),
-                _vhat_sum(L, bc2_sqrt),
+                torch.inner(w, u),
+                torch.inner(w, w),
+                torch.inner(u, u),
+                torch.abs(u, out=t).sum(),
+                _l1_abs_sum(L),
+                torch.inner(g, g),
+                _vhat_sum(L, c),
             ]
         )
         f32 = sums.float().view(torch.int32)
         row[:5] = f32[:5]
         row[PART_GG] = f32[5]
         row[PART_VHAT] = f32[6]
-    # The denominator, as the reference: (√v / (√bc2 · -η/bc1)) + ε / (-η/bc1) when capturable
-    # (the step then adds m / denom), else √v / √bc2 + ε (and adds -η/bc1 · m / denom).
-    if capturable:
-        _per_tensor("div_", s, L.sv, den_div)
-        _per_tensor("add_", s, L.sv, den_add)
+    if c.uniform:
+        torch.div(s, c.den_div, out=s).add_(c.den_add)
     else:
-        _per_tensor("div_", s, L.sv, bc2_sqrt)
-        s.add_(eps)
+        _per_tensor("div_", L.sv, c.den_div)
+        _per_tensor("add_", L.sv, c.den_add)
 
     if weight_decay is None:
         w.mul_(1 - lr * decay_c.to(dtype))
     elif weight_decay != 0:
         w.mul_(1 - lr * weight_decay)
-    if capturable:
-        w.addcdiv_(m, s)
-    elif _uniform(step_size_neg):
-        w.addcdiv_(m, s, value=step_size_neg[0])
+    if c.uniform:
+        w.addcdiv_(m, s, value=c.value)
     else:
-        torch._foreach_addcdiv_(L.wv, L.mv, L.sv, step_size_neg)
+        torch._foreach_addcdiv_(L.wv, L.mv, L.sv, c.value)
     if L.wv_l1:  # the L1 prox on its tensors: sign(w) max(|w| - η λ₁, 0)
         shrink = torch._foreach_abs(L.wv_l1)
         torch._foreach_sub_(shrink, lr * l1_c.to(dtype))
@@ -239,69 +290,89 @@ def adam_group_step_multi_tensor(
         torch._foreach_mul_(signs, shrink)
         torch._foreach_copy_(L.wv_l1, signs)
 
-    if stats and L.n:
-        a = torch.abs(w, out=L.a)
-        af = a if dtype == torch.float32 else a.float()  # the bits are float32's
-        finite = torch.lt(af, math.inf, out=L.finite)
-        row[PART_FINITE] = finite.sum().int()
-        row[PART_MAXBITS] = torch.where(finite, af, 0).amax().view(torch.int32)
-        if clamp:
-            over = torch.gt(a, bound_c.to(dtype), out=L.over).logical_and_(finite)
-            row[PART_ENGAGED] = over.sum().int()
-        else:
-            row[PART_ENGAGED] = 0
-        _histograms(L, work)
-    elif stats:  # an all-empty group: no element, nothing counted or sampled
-        row[PART_FINITE] = row[PART_ENGAGED] = row[PART_MAXBITS] = 0
-    if clamp:  # = the reference's where(|w| > b, sign(w) b, w), NaN kept
+    # w now holds |w''|'s signed weights (after the update and L1, before the clamp).
+    new = w
+    if clamp:  # = the reference's where(|w| > b, sign(w) b, w): NaN kept, ±Inf to ±b
         b = bound_c.to(dtype)
-        torch.clamp(w, -b, b, out=w)
-    if skip is not None:
-        torch.where(skip, w0, w, out=w)
-    torch._foreach_copy_(params, L.wv)
+        new = torch.clamp_min(w, b.neg(), out=t).clamp_max_(b)
+    if stats:
+        _count_and_max(L, row, new if clamp else None, b if clamp else None)
+        _histograms(L, work, on_host)
+    if skipped:
+        return
+    if select:
+        torch.where(skip, w0, new, out=new)
+    torch._foreach_copy_(params, L.tv if clamp else L.wv)
     torch._foreach_copy_(exp_avgs, L.mv)
     torch._foreach_copy_(exp_avg_sqs, L.vv)
+
+
+def _count_and_max(
+    L: _Layout, row: torch.Tensor, clamped: torch.Tensor | None, b: torch.Tensor | None
+) -> None:
+    """The finite count, the bits of the finite max of ``|w|`` (both of ``|w|`` rounded to
+    float32, as :func:`~trimtab.kernels.optim_layout.float_bits`) and the clamp's engagements
+    (finite ``|w| > b``) into ``row``, without a boolean mask."""
+    w = L.w
+    w32 = w if w.dtype == torch.float32 else w.float()
+    nonfinite = torch.count_nonzero(torch.sub(w32, w32, out=L.u if w32 is w else None))
+    top = torch.nan_to_num(w32, 0.0, 0.0, 0.0, out=L.u if w32 is w else None).abs_().amax()
+    out = [torch.zeros_like(nonfinite), float_bits(top).to(nonfinite.dtype), L.n - nonfinite]
+    if clamped is not None:
+        # w - clamp(w) is nonzero where |w| > b and where w is not finite (NaN - x, ±Inf - x
+        # and ±Inf - ±Inf are never 0): less the non-finite ones, the engagements.
+        over = torch.count_nonzero(torch.sub(w, clamped, out=L.u))
+        if w32 is w:
+            out[0] = over - nonfinite
+        else:  # float64: finite here but not in float32 counts as not finite (unless b = ∞)
+            own = torch.count_nonzero(w - w)
+            out[0] = over - own - (nonfinite - own) * (b < math.inf)
+    row[PART_ENGAGED : PART_FINITE + 1] = torch.stack(out).to(row.dtype)
 
 
 def _uniform(xs: Sequence[float]) -> bool:
     return all(x == xs[0] for x in xs)
 
 
-def _per_tensor(op: str, flat: torch.Tensor, views: list[torch.Tensor], coefs) -> None:
-    """``views[i].op(coefs[i])`` for every tensor: ``coefs`` a device vector (one
-    ``torch._foreach_*`` call) or host floats, which when all equal (the usual case: every
-    tensor at the same step) make one flat op."""
+def _per_tensor(op: str, views: list[torch.Tensor], coefs: torch.Tensor | list[float]) -> None:
+    """``views[i].op(coefs[i])`` for every tensor in one ``torch._foreach_*`` call; ``coefs``
+    a device vector or host floats."""
     if isinstance(coefs, torch.Tensor):
-        getattr(torch, f"_foreach_{op}")(views, list(coefs.unbind()))
-    elif _uniform(coefs):
-        getattr(flat, op)(coefs[0])
-    else:
-        getattr(torch, f"_foreach_{op}")(views, coefs)
+        coefs = list(coefs.unbind())
+    getattr(torch, f"_foreach_{op}")(views, coefs)
 
 
-def _l1_abs_sum(L: _Layout, w: torch.Tensor) -> torch.Tensor:
+def _l1_abs_sum(L: _Layout) -> torch.Tensor:
     """``Σ |w|`` over the tensors that take the L1 step (before this step's update)."""
     if not L.l1:
-        return w.new_zeros(())
-    return torch.stack(torch._foreach_norm(L.wv_l1, 1)).sum()
+        return L.w.new_zeros(())
+    a = torch.abs(L.w, out=L.t)
+    return a.sum() if L.l1_mask is None else torch.inner(a, L.l1_mask)
 
 
-def _vhat_sum(L: _Layout, bc2_sqrt: torch.Tensor | list[float]) -> torch.Tensor:
+def _vhat_sum(L: _Layout, c: _Coefficients) -> torch.Tensor:
     """``Σ v̂ = Σ_t (Σ v_t) / bc2_t``, ``bc2 = (√bc2)²`` as the reference squares it."""
-    per = torch.stack(torch._foreach_norm(L.vv, 1))  # v >= 0 (or NaN): its L1 norm is its sum
-    b = bc2_sqrt if isinstance(bc2_sqrt, torch.Tensor) else per.new_tensor(bc2_sqrt)
+    if c.uniform:
+        return L.v.sum() / (c.bc2_sqrt * c.bc2_sqrt)
+    per = torch.stack([x.sum() for x in L.vv]) if L.vv else L.v.new_zeros(0)
+    b = c.bc2_sqrt if isinstance(c.bc2_sqrt, torch.Tensor) else per.new_tensor(c.bc2_sqrt)
     return (per / (b * b)).sum()
 
 
-def _histograms(L: _Layout, work: Workspace) -> None:
+def _histograms(L: _Layout, work: Workspace, on_host: bool) -> None:
     """The sampled histograms of ``|w''|``, ``|m|``, ``|v|``: gather this step's sample (row
     ``phase % stride`` of the table; padding reads the trailing Inf), one histogram of the
-    keys ``bits >> FINE_SHIFT``, then the workspace's bins from it."""
-    row = L.table.index_select(0, (work.phase % L.table.shape[0]).long()).reshape(-1)
-    vals = L.amv.index_select(1, row)
-    if vals.dtype != torch.float32:
-        vals = vals.float()
-    keys = (vals.view(torch.int32) & 0x7FFFFFFF).bitwise_right_shift_(FINE_SHIFT)
-    keys = (keys.long() + L.key_offsets).reshape(-1)
-    fine = L.fine.zero_().scatter_add_(0, keys, L.ones)
+    keys ``bits >> FINE_SHIFT`` (in place on the gathered copy), then the workspace's bins."""
+    stride = L.table.shape[0]
+    if on_host:  # the CPU's phase: the row as a view, no copy
+        row = L.table[int(work.phase) % stride]
+    else:
+        row = L.table.index_select(0, (work.phase % stride).long()).reshape(-1)
+    if L.amv.dtype == torch.float32:
+        vals = torch.index_select(L.amv, 1, row, out=L.sample)
+    else:
+        vals = L.sample.copy_(L.amv.index_select(1, row))
+    keys = vals.view(torch.int32).bitwise_and_(0x7FFFFFFF).bitwise_right_shift_(FINE_SHIFT)
+    keys.add_(L.key_offsets)
+    fine = L.fine.zero_().index_add_(0, keys.reshape(-1), L.ones)
     histograms_from_fine(work.ints, fine.view(3, FINE_KEYS), work.sel)
