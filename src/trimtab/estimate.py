@@ -27,6 +27,7 @@ __all__ = [
     "FALSE_SHIFT_PROB",
     "GAINS",
     "META_RATE",
+    "NOISE_RATE",
     "OUTLIER_Z",
     "TINY",
     "AdaptiveEMA",
@@ -124,8 +125,8 @@ class AdaptiveEMA:
     from those two observations, m = (y_(t-1) + y_t)/2, slope 0, p = diag(1/2, 0) (``alpha``
     reads 1 at a restart); the leaders keep the old level and drop to the least weight, so a
     false shift is undone as soon as the restarted candidates err; the other weights are kept,
-    as a shift changes the level, not the dynamics. Two exceedances that do *not* agree are a
-    rise of the noise: R jumps to their half squared difference (at least c² R). c is the
+    as a shift changes the level, not the dynamics. Two exceedances of opposite signs are a rise
+    of the noise: R jumps to their half squared difference (over c² R). c is the
     normal quantile
     with 2Φ(-c)² = ``FALSE_SHIFT_PROB`` (≈ 2.84), widened to the Student-t quantile while R
     rests on few observations.
@@ -192,6 +193,11 @@ class AdaptiveEMA:
         asks how far one new observation may fall from :attr:`estimate` reads
         ``sqrt(noise_var + std_error²)`` (the sentinel's thresholds do)."""
         return self._t["r"]
+
+    @property
+    def count(self) -> torch.Tensor:
+        """Per slot, how many finite observations were folded since the last reset (int64)."""
+        return self._t["count"]
 
     @property
     def nonfinite_count(self) -> torch.Tensor:
@@ -386,9 +392,11 @@ class AdaptiveEMA:
         agree = d2 <= c * c * 2.0 * torch.where(has_r, r_old, r_new)
         both = (z.abs() > c) & (prev_z.abs() > c)
         shift = both & (z * prev_z > 0) & agree
-        # Two exceedances that differ by more than noise does are a rise of the noise: R jumps
-        # to their half squared difference (at least c² R), as a shift restarts the level.
-        r_new = torch.where(both & ~agree & has_r, torch.maximum(r_new, 0.5 * d2), r_new)
+        # Two exceedances of opposite signs are a rise of the noise (a level does not move both
+        # ways): R jumps to their half squared difference (over c² R), as a shift restarts the
+        # level. Two of one sign that disagree may be a level on the move: R is left to follow.
+        rise = both & (z * prev_z < 0) & has_r
+        r_new = torch.where(rise, torch.maximum(r_new, 0.5 * d2), r_new)
 
         # Kalman update of every candidate (P = P⁻ - k kᵀ S, written without cancellation).
         k_l, k_s = a_ll / s_norm, a_ls / s_norm

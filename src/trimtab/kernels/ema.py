@@ -155,7 +155,8 @@ def _ema_step(
     agree = d2 <= c * c * 2.0 * r_sel  # the two observations differ as noise does
     both = (tl.abs(z) > c) & (tl.abs(prev_z) > c)
     shift = both & (z * prev_z > 0) & agree
-    r_new = tl.where(both & ~agree & has_r, tl.maximum(r_new, 0.5 * d2), r_new)  # noise rise
+    rise = both & (z * prev_z < 0) & has_r  # a rise of the noise
+    r_new = tl.where(rise, tl.maximum(r_new, 0.5 * d2), r_new)
 
     k_l = a_ll / s_norm
     k_s = a_ls / s_norm

@@ -4,28 +4,55 @@ threshold; the threshold scales it measures; the fault-injection test hook; the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from trimtab.estimate import AdaptiveEMA
+from trimtab.estimate import NOISE_RATE, AdaptiveEMA
 from trimtab.lifecycle import detached, register
 from trimtab.nonfinite import NonFinitePolicy
 from trimtab.quantile import abs_quantiles
 from trimtab.sentinel import Rule, Sentinel
 from trimtab.state import Slot, StateVector
 
-__all__ = ["BATCH_FIELDS", "ENV_FIELDS", "EXCURSION_FACTOR", "WATCHED", "Checks", "watch_slots"]
+__all__ = [
+    "BATCH_FIELDS",
+    "ENV_FIELDS",
+    "EXCURSION_FACTOR",
+    "EXCURSION_Z",
+    "FALSE_ALARM_PROB",
+    "WATCHED",
+    "Checks",
+    "watch_slots",
+    "watch_threshold",
+]
 
-#: Sentinel threshold factor on measured p99 bounds: a value 1e3 times the running p99 of its
-#: buffer is the onset of the blow-up chain (targets, then moments, then weights) that the
-#: sentinel exists to name; ordinary heavy tails (Student-t, 4 d.o.f.) stay orders below it.
+#: Sentinel threshold factor on the bound slots that consumers use (the clip bound, the optimizer's
+#: weight and moment p99s, the target and trunk bounds): a value 1e3 times its measured bound is
+#: the onset of the blow-up chain (targets, then moments, then weights) that the sentinel exists
+#: to name. Also the watched thresholds' margin until their spread is measured (two steps).
 EXCURSION_FACTOR = 1e3
 
-#: The quantile measured for a threshold scale.
-Q = 0.99
+#: Probability per check that a healthy watched buffer fires (``FALSE_ALARM_PROB``), and the
+#: margin it sets, in standard deviations of log max|x| about its level (``EXCURSION_Z``). The
+#: max of many values is Gumbel-distributed on a log scale whatever their tail (Fisher-Tippett;
+#: the log of a Fréchet max is Gumbel), and a Gumbel's right tail is P(G > μ + kσ) =
+#: 1 - exp(-exp(-γ - kπ/√6)) (γ Euler's constant): k = 12.1 for 1e-7. Lighter-tailed values
+#: (a normal max, a lognormal) have lighter tails still; measured on simulated healthy streams
+#: by ``benchmarks/bench_ema_alarm.py``.
+FALSE_ALARM_PROB = 1e-7
+EXCURSION_Z = (-math.log(FALSE_ALARM_PROB) - 0.5772156649015329) * math.sqrt(6.0) / math.pi
+
+#: Observations before a watched threshold's margin rests on its measured spread alone: the
+#: noise variance's own memory (1/NOISE_RATE), after which it is no longer a plain small-sample
+#: mean. Before, the margin is at least EXCURSION_FACTOR (a cold start, not a bound).
+COLD_OBS = round(1.0 / NOISE_RATE)
+
+#: The quantile measured for a watched threshold: the max, the statistic the check compares.
+Q = 1.0
 
 #: Buffers measured only to give the sentinel a threshold (checked first, then measured, so
 #: a step's own excursion never raises the bound it is checked against).
@@ -42,9 +69,22 @@ BATCH_FIELDS = ("obs", "reward", "next_obs", "discount", "weights")
 def watch_slots() -> list[Slot]:
     """The state-vector slots of the threshold scales (declare them in the layout)."""
     return [
-        Slot(f"{n}_scale", doc=f"max this fold of p99 |{n}|: sentinel threshold scale")
+        Slot(f"{n}_scale", doc=f"max this fold of the threshold on max |{n}|: sentinel threshold")
         for n in WATCHED
     ]
+
+
+def watch_threshold(ema: AdaptiveEMA, z: float = EXCURSION_Z) -> Tensor:
+    """The threshold on max|x| per slot of a log-scale estimator of max|x|: its level times
+    ``exp(z · sd)``, sd = ``sqrt(noise_var + std_error²)`` the spread of one new log max about
+    the estimated level. NaN where the slot is unset. Cold start: until the spread rests on
+    ``COLD_OBS`` observations (a variance from a handful of differences can be any size), the
+    margin is at least ``EXCURSION_FACTOR``, and exactly that until it is measured at all. No
+    host sync."""
+    sd = (ema.noise_var + ema.std_error.square()).sqrt()
+    cold = math.log(EXCURSION_FACTOR)
+    margin = torch.where(ema.count < COLD_OBS, torch.clamp(z * sd, min=cold), z * sd)
+    return (ema.estimate + margin.nan_to_num(cold)).exp()
 
 
 class Checks:
@@ -59,7 +99,7 @@ class Checks:
     parameter's gradient), ``optimizer`` (every weight and both Adam moments). ``guarded``
     names the buffers a clamp checks itself in the same pass (:func:`trimtab.guard_`): their
     slots are fed by the clamp, not read here. Thresholds come from state-vector slots: a bound
-    that a consumer uses, or a ``*_scale`` slot that :meth:`_watch` keeps at the largest p99
+    that a consumer uses, or a ``*_scale`` slot that :meth:`_watch` keeps at the largest threshold
     this fold. Diagnostics never change training: with :attr:`enabled` False no check runs and
     every number of the step is unchanged (tested).
     """
@@ -102,24 +142,27 @@ class Checks:
             view = self.state[slot] if i is None else self.state[slot][i]
             return Rule.above(view, factor=factor, name=slot)
 
+        def watched(name: str) -> Rule:  # a *_scale slot holds the threshold itself
+            return above(f"{name}_scale", factor=1.0)
+
         def source(name: str) -> Callable[[], Tensor | None]:
             return lambda: seen.get(name)
 
         for name in ENV_FIELDS:
-            rule = above("obs_scale") if "obs" in name else above("targets_bound")
+            rule = watched("obs") if "obs" in name else above("targets_bound")
             s.add(f"env.{name}", source(f"env.{name}"), rule, phase="env")
         for name in BATCH_FIELDS:
-            rule = {"obs": above("obs_scale"), "next_obs": above("obs_scale"),
+            rule = {"obs": watched("obs"), "next_obs": watched("obs"),
                     "reward": above("targets_bound")}.get(name)  # fmt: skip
             s.add(f"replay.{name}", source(f"replay.{name}"), rule, phase="batch")
-        s.add("obs", source("obs"), above("obs_scale"), phase="forward")
+        s.add("obs", source("obs"), watched("obs"), phase="forward")
         s.add("atom_span", source("atom_span"), phase="forward")
         for name in ("targets", "trunk"):  # a guarded one is fed by its clamp (source None)
             src = None if self.guarded[name] else source(name)
             s.add(name, src, above(self.thresholds[name]), phase="forward")
-        s.add("logits", source("logits"), above("logits_scale"), phase="forward")
-        s.add("loss", self._loss, above("loss_scale"), phase="forward")
-        s.add("grad.trunk_output", source("grad_trunk"), above("grad_trunk_scale"),
+        s.add("logits", source("logits"), watched("logits"), phase="forward")
+        s.add("loss", self._loss, watched("loss"), phase="forward")
+        s.add("grad.trunk_output", source("grad_trunk"), watched("grad_trunk"),
               phase="backward_heads")  # fmt: skip
         for name, p in net.named_parameters():
             s.add(f"grad.{name}", lambda p=p: p.grad, above("grad_clip_bound"), phase="backward")
@@ -201,10 +244,12 @@ class Checks:
 
     @torch.no_grad()
     def _watch(self, values: dict[str, Tensor]) -> None:
-        """Fold p99 |x| of watched buffers into their threshold slots (after their check): one
-        quantile launch and one estimator update for all of them. A scale is the largest the
-        buffer has had this fold (the slots reset at a boundary): an excursion is 1e3 x above
-        every scale seen, so gradients that shrink as training converges do not fire."""
+        """Fold max|x| of watched buffers into their thresholds (after their check): one
+        quantile launch and one log-scale estimator update for all of them. A slot holds the
+        largest threshold this fold (:func:`watch_threshold`, the slots reset at a boundary), so
+        gradients that shrink by orders of magnitude as training converges keep the threshold
+        of their largest scale; a healthy buffer exceeds it with probability at most
+        ``FALSE_ALARM_PROB`` per check, a 1e30 or a NaN at once."""
         names = [n for n in WATCHED if n in values]
         q = abs_quantiles([values[n].reshape(-1) for n in names], Q)
         parts = iter(q.unbind())
@@ -213,10 +258,11 @@ class Checks:
         key = tuple(names)
         if key not in self._masks:  # built once per set of names (a host-to-device copy)
             self._masks[key] = torch.tensor([n in values for n in WATCHED], device=self.device)
-        est = self.watch_ema.update_log(obs, self._masks[key])
+        self.watch_ema.update_log(obs, self._masks[key])
+        threshold = watch_threshold(self.watch_ema)
         for n in names:
             slot = self.state[f"{n}_scale"]
-            slot.copy_(torch.fmax(slot, est[WATCHED.index(n)]))
+            slot.copy_(torch.fmax(slot, threshold[WATCHED.index(n)]))
 
     # --- reports ----------------------------------------------------------------------------
     def reset(self) -> None:
