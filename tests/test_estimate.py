@@ -368,3 +368,22 @@ def test_update_log_stays_positive_after_a_tenfold_drop_and_skips_zeros():
     before = ema.estimate.clone()
     ema.update_log(torch.zeros(1))
     assert torch.equal(ema.estimate, before) and ema.nonfinite_count.item() == 0
+
+
+def test_a_rise_of_the_noise_is_learnt_and_does_not_move_the_level() -> None:
+    # Unit noise, then 8x the noise at the same level. Two noise values of one sign look like a
+    # level shift: the leaders keep the old level, so such a false restart is undone, and a pair
+    # of exceedances of opposite signs raises R. (Before: R crept up at META_RATE, and the shift
+    # test, still judging by the old noise, restarted the level every few steps.)
+    obs = _noise(1300, 8, seed=5)
+    obs[1000:] *= 8.0
+    ema = AdaptiveEMA(8, dtype=torch.float64)
+    est, noise = [], []
+    for row in obs:
+        est.append(ema.update(row).clone())
+        noise.append(ema.noise_var.clone())
+    assert (torch.stack(noise)[1050] > 16.0).all()  # R follows within ~50 steps (true: 64)
+    rms = torch.stack(est)[1000:].square().mean(0).sqrt()
+    # A fixed α = 0.05 gives 1.28 here (8 · √(0.05/1.95)); the level never moved.
+    assert rms.median() < 1.0 and (rms < 2.5).all(), rms
+    assert torch.equal(ema.count, torch.full((8,), 1300))
