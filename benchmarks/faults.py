@@ -87,14 +87,17 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def finish(run: Path, toml: Path, notes: list[str]) -> None:
-    """Resume ``run`` until it is done; a run killed before its first checkpoint starts over."""
+    """``--resume`` until the run is done (one stopped before its first checkpoint starts over
+    in place; one stopped before it wrote its config.toml, a fresh start)."""
     for _ in range(5):
         if (run / "summary.json").is_file():
             return
-        if (run / "checkpoints" / "last.pt").is_file():
+        if (run / "config.toml").is_file():
+            if not (run / "checkpoints" / "last.pt").is_file():
+                notes.append("stopped before its first checkpoint: --resume started it over")
             proc = subprocess.run(cli("--resume", str(run)), capture_output=True, text=True)
         else:
-            notes.append("killed before its first checkpoint: started over")
+            notes.append("stopped before it wrote config.toml: started afresh")
             shutil.rmtree(run, ignore_errors=True)
             proc = subprocess.run(cli("--config", str(toml), "--out", str(run)),
                                   capture_output=True, text=True)  # fmt: skip

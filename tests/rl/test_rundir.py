@@ -172,3 +172,14 @@ def test_ctrl_c_names_the_run_dir_and_the_steps_to_redo(tmp_path, capsys, monkey
                 "--set", "run.checkpoint_every=4")  # fmt: skip
     err = capsys.readouterr().err
     assert code == 130 and str(out) in err and "2 step(s) since the last checkpoint, step 8" in err
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_over_on_resume(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(cfg(a))
+    with pytest.raises(TrainingInterrupted):
+        train(cfg(b), stop_after=2)  # before the first checkpoint (step 4)
+    assert not (b / "checkpoints" / "last.pt").exists()
+    assert _cli("--resume", str(b)) == 0
+    assert "no checkpoint yet: starting it over" in capsys.readouterr().err
+    assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()

@@ -121,6 +121,8 @@ def prepare_run_dir(cfg: TrainConfig, resume: bool) -> tuple[Path, RunLock]:
     out = Path(cfg.run.out)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out} is a file, not a directory; choose another --out")
+    if resume and not out.is_dir():
+        raise RunDirError(f"{out} is not a run directory: it does not exist")
     try:
         if not resume:
             out.mkdir(parents=True, exist_ok=True)
@@ -130,9 +132,9 @@ def prepare_run_dir(cfg: TrainConfig, resume: bool) -> tuple[Path, RunLock]:
             f"cannot write the run directory {out}: {e.strerror or e}; choose a writable --out"
         ) from None
     try:
-        if resume:
-            if not (out / "checkpoints" / "last.pt").is_file():
-                raise RunDirError(f"{out} has no checkpoints/last.pt to resume from")
+        if resume:  # a run stopped before its first checkpoint starts over (runner.train)
+            if not (out / "config.toml").is_file():
+                raise RunDirError(f"{out} is not a run directory: it has no config.toml")
             return out, lock
         if any(p.name != RunLock.NAME for p in out.iterdir()):  # checked under the lock
             raise RunDirError(

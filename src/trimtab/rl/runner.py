@@ -62,7 +62,8 @@ def train(
     """Run (or resume) a training run on ``cfg.env.name``; returns the summary written to disk.
 
     ``resume`` continues from ``checkpoint`` (default ``RUN_DIR/checkpoints/last.pt``; a fold
-    checkpoint of the same run restarts after that fold). A finished run is left as it is.
+    checkpoint of the same run restarts after that fold); a run stopped before its first
+    checkpoint starts over in place. A finished run is left as it is.
     ``stop_after`` (raise :class:`TrainingInterrupted` at the end of the batched env step in
     which that many gradient steps are done) and ``setup`` (called with the built
     :class:`~trimtab.rl.learner.Learner`) are test hooks.
@@ -77,6 +78,12 @@ def train(
     run_dir, lock = prepare_run_dir(cfg, resume)  # locked until this run ends
     try:
         return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup)
+    except KeyboardInterrupt as e:  # before the loop (setting up): say where, and what next
+        if isinstance(e, RunInterrupted):
+            raise
+        raise RunInterrupted(
+            f"interrupted before training started; continue with `trimtab train --resume {run_dir}`"
+        ) from None
     finally:
         adapter.close()
         lock.release()
@@ -98,8 +105,10 @@ def _run(
     if setup is not None:
         setup(learner)
     prog, fold_state = Progress(), None
-    if resume:
-        path = None if checkpoint is None else Path(checkpoint)
+    path = None if checkpoint is None else Path(checkpoint)
+    if resume and path is None and not (run_dir / "checkpoints" / "last.pt").is_file():
+        print(f"{run_dir} has no checkpoint yet: starting it over", file=sys.stderr, flush=True)
+    elif resume:
         prog, fold_state = load_checkpoint(run_dir, learner, path)
         if prog.fold >= adapter.n_folds:  # nothing to do: write nothing
             summary_path = run_dir / "summary.json"
@@ -107,7 +116,7 @@ def _run(
             print(f"{run_dir} is a finished run ({prog.fold} folds, {prog.global_step} steps); "
                   "nothing to resume, nothing changed", flush=True)  # fmt: skip
             return {**summary, "run_dir": str(run_dir), "folds": prog.fold_rows}
-    log = MetricsLog(run_dir, purge_step=prog.global_step if resume else None)
+    log = MetricsLog(run_dir, purge_step=prog.global_step if resume else None)  # 0: all rows
     with (run_dir / "run.log").open("a") as fh:
         fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
         fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
