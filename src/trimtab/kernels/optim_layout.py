@@ -152,20 +152,25 @@ def histograms_from_fine(ints: torch.Tensor, fine: torch.Tensor, sel: torch.Tens
     per quantity the count of sampled elements per key ``float_bits >> FINE_SHIFT`` (keys of
     Inf and NaN may hold anything: they are ignored). A coarse bin is 256 consecutive keys; the
     window bases ``sel`` are multiples of ``2**FINE_SHIFT`` (the finalize writes them so), so
-    the window is the 256 keys from ``sel >> FINE_SHIFT`` and the count below it a prefix sum.
-    The multi-tensor path's binning: one histogram of the sample instead of masks per bin kind.
+    the window is the 256 keys from ``sel >> FINE_SHIFT`` and the count below it the coarse
+    bins below the base's plus the keys of its own bin below it. The multi-tensor path's
+    binning: one histogram of the sample, then only ``[3, 256]`` work.
     """
-    fine = fine[:, :FINITE_KEYS].to(torch.int64)
-    coarse = torch.nn.functional.pad(fine, (0, FINE_KEYS - FINITE_KEYS)).view(3, BINS, -1)
-    ints[HIST_OFFSET:WINDOW_OFFSET] += coarse.sum(-1).reshape(-1).to(ints.dtype)
-    cum = torch.nn.functional.pad(fine.cumsum(-1), (1, 0))  # cum[:, k]: keys below k
+    by_bin = fine.view(3, BINS, BINS)
+    coarse = by_bin.sum(-1, dtype=torch.int32)  # counts of sampled elements: int32 holds them
+    coarse[:, -1] = 0  # keys from FINITE_KEYS: Inf and NaN
+    ints[HIST_OFFSET:WINDOW_OFFSET] += coarse.reshape(-1).to(ints.dtype)
     has = sel >= 0
     base = (sel.to(torch.int64) >> FINE_SHIFT).clamp(0, FINITE_KEYS)
-    under = cum.gather(1, base[:, None]).reshape(-1)
+    cb = (base >> 8).clamp(max=BINS - 1)  # the coarse bin holding the base
+    below = torch.arange(BINS, device=fine.device) < cb[:, None]
+    own = by_bin.gather(1, cb[:, None, None].expand(3, 1, BINS)).reshape(3, BINS)
+    partial = torch.arange(BINS, device=fine.device) < (base - (cb << 8))[:, None]
+    under = (coarse * below).sum(-1) + (own * partial).sum(-1, dtype=torch.int32)
     ints[INT_UNDER : INT_UNDER + 3] += torch.where(has, under, 0).to(ints.dtype)
     keys = base[:, None] + torch.arange(BINS, device=fine.device)
     inside = has[:, None] & (keys < FINITE_KEYS)
-    win = fine.gather(1, keys.clamp(max=FINITE_KEYS - 1))
+    win = fine.gather(1, keys.clamp(max=FINE_KEYS - 1))
     ints[WINDOW_OFFSET:INT_WIDTH] += torch.where(inside, win, 0).reshape(-1).to(ints.dtype)
 
 
