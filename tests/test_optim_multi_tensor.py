@@ -249,3 +249,26 @@ def test_scale_finite_flat_pass_is_the_per_tensor_definition():
     for x, y in zip(a, b):
         assert x.dtype == y.dtype and torch.equal(x, y) and torch.equal(x.signbit(), y.signbit())
     assert count.item() == pair[1].item() > 0
+
+
+# --- the sentinel's check: one foreach max for every tensor ------------------------------------
+def test_abs_max_many_is_abs_max_reference_of_each():
+    from trimtab.sentinel_state import abs_max_many, abs_max_reference
+
+    g = torch.Generator().manual_seed(0)
+    ts = [
+        torch.randn(3, 4, generator=g),
+        torch.zeros(0),
+        torch.tensor([1.0, math.nan, -2.0]),
+        torch.tensor([-math.inf, 1.0]),
+        torch.randn(5, generator=g).half(),
+        torch.randn(6, generator=g).bfloat16(),
+        torch.randn(4, 6, generator=g, dtype=torch.float64).t(),
+        torch.tensor([-0.0, 1e-40]),
+        torch.zeros(0, 3),
+    ]
+    a = abs_max_many(ts)
+    b = torch.stack([abs_max_reference(t) for t in ts])
+    assert a.dtype == torch.float64 and torch.equal(a.isnan(), b.isnan())
+    assert torch.equal(a.nan_to_num(), b.nan_to_num())
+    assert abs_max_many([torch.zeros(0)]).tolist() == [0.0]

@@ -196,6 +196,23 @@ def abs_max_reference(x: torch.Tensor) -> torch.Tensor:
     return x.detach().abs().amax().to(torch.float64)
 
 
+def abs_max_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """:func:`abs_max_reference` of every tensor, float64 ``[k]``, through one
+    ``torch._foreach_norm(inf)`` (max |x| exactly, NaN propagated) over the non-empty ones
+    instead of one abs and amax per tensor. No sync."""
+    nonempty = [i for i, t in enumerate(tensors) if t.numel()]
+    if not nonempty:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return torch.zeros(len(tensors), dtype=torch.float64, device=device)
+    with torch.no_grad():
+        amax = torch._foreach_norm([tensors[i] for i in nonempty], math.inf, dtype=torch.float64)
+    if len(nonempty) == len(tensors):
+        return torch.stack(amax)
+    found = iter(amax)  # an empty tensor's max is 0 (no host-to-device index)
+    zero = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
+    return torch.stack([next(found) if t.numel() else zero for t in tensors])
+
+
 def record_reference(
     state: dict[str, torch.Tensor],
     index: torch.Tensor,
@@ -227,7 +244,7 @@ def check_reference(
     thresholds: Sequence[torch.Tensor],
 ) -> None:
     """The torch reference of one check launch: per tensor one abs-amax, then the records."""
-    amax = torch.stack([abs_max_reference(t) for t in tensors])
+    amax = abs_max_many(tensors)
     thr = torch.stack(list(thresholds))
     step = state["counters"].index_select(0, launch.entry_phase)
     factor = state["factors"].index_select(0, launch.entry_index)
