@@ -197,20 +197,23 @@ def abs_max_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 def abs_max_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """:func:`abs_max_reference` of every tensor, float64 ``[k]``, through one
-    ``torch._foreach_norm(inf)`` (max |x| exactly, NaN propagated) over the non-empty ones
-    instead of one abs and amax per tensor. No sync."""
-    nonempty = [i for i, t in enumerate(tensors) if t.numel()]
+    """:func:`abs_max_reference` of every tensor, float64 ``[k]``: ``torch._foreach_abs`` and
+    ``torch._foreach_max`` over the non-empty ones (max |x| exactly, NaN propagated; an empty
+    tensor 0) instead of an abs and an amax per tensor. (``_foreach_norm(inf)`` computes the
+    same several times slower on the CPU.) No sync."""
+    nonempty = [t for t in tensors if t.numel()]
+    device = tensors[0].device if tensors else torch.device("cpu")
     if not nonempty:
-        device = tensors[0].device if tensors else torch.device("cpu")
         return torch.zeros(len(tensors), dtype=torch.float64, device=device)
     with torch.no_grad():
-        amax = torch._foreach_norm([tensors[i] for i in nonempty], math.inf, dtype=torch.float64)
-    if len(nonempty) == len(tensors):
-        return torch.stack(amax)
-    found = iter(amax)  # an empty tensor's max is 0 (no host-to-device index)
-    zero = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
-    return torch.stack([next(found) if t.numel() else zero for t in tensors])
+        amax = torch._foreach_max(torch._foreach_abs(nonempty))
+    if len({t.dtype for t in amax}) > 1:
+        amax = [t.double() for t in amax]
+    if len(nonempty) < len(tensors):
+        found = iter(amax)  # an empty tensor's max is 0 (no host-to-device index)
+        zero = torch.zeros((), dtype=amax[0].dtype, device=device)
+        amax = [next(found) if t.numel() else zero for t in tensors]
+    return torch.stack(amax).double()
 
 
 def record_reference(
