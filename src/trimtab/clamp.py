@@ -101,10 +101,8 @@ def _scale_finite_reference_(
     # NaN * c is NaN: the non-finite elements are replaced here. A finite value survives the
     # round trip through the (widest) common dtype exactly.
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    if counter is not None:  # x - x is NaN exactly where x is not finite, else 0: the count
-        # is the sum of its NaN set to 1 (vectorised float passes; bool masks are slow on CPU)
-        nan_at = (flat - flat).nan_to_num_(nan=1.0)
-        counter.add_(nan_at.sum(dtype=torch.float64).to(torch.int64))
+    if counter is not None:  # x - x is NaN exactly where x is not finite (no bool mask: slow)
+        counter.add_(torch.count_nonzero(flat - flat))
     flat.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     parts = flat.split([t.numel() for t in tensors])
     torch._foreach_copy_(

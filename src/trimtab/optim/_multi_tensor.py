@@ -315,28 +315,19 @@ def _count_and_max(
     (finite ``|w| > b``) into ``row``, without a boolean mask."""
     w = L.w
     w32 = w if w.dtype == torch.float32 else w.float()
-    nonfinite = _count_nonzero(torch.sub(w32, w32, out=L.u if w32 is w else None))
+    nonfinite = torch.count_nonzero(torch.sub(w32, w32, out=L.u if w32 is w else None))
     top = torch.nan_to_num(w32, 0.0, 0.0, 0.0, out=L.u if w32 is w else None).abs_().amax()
     out = [torch.zeros_like(nonfinite), float_bits(top).to(nonfinite.dtype), L.n - nonfinite]
     if clamped is not None:
         # w - clamp(w) is nonzero where |w| > b and where w is not finite (NaN - x, ±Inf - x
         # and ±Inf - ±Inf are never 0): less the non-finite ones, the engagements.
-        over = _count_nonzero(torch.sub(w, clamped, out=L.u))
+        over = torch.count_nonzero(torch.sub(w, clamped, out=L.u))
         if w32 is w:
             out[0] = over - nonfinite
         else:  # float64: finite here but not in float32 counts as not finite (unless b = ∞)
-            own = _count_nonzero(w - w)
+            own = torch.count_nonzero(w - w)
             out[0] = over - own - (nonfinite - own) * (b < math.inf)
     row[PART_ENGAGED : PART_FINITE + 1] = torch.stack(out).to(row.dtype)
-
-
-def _count_nonzero(x: torch.Tensor) -> torch.Tensor:
-    """The int64 count of nonzero (NaN included) elements of ``x``, overwriting it: as
-    ``torch.count_nonzero`` through vectorised float passes (its CPU loop is several times
-    slower): NaN and ±Inf to 1 (``sign`` of NaN is 0 on the CPU), then ``|x|`` to 0 or 1 by
-    ``sign``, summed in float64 (exact)."""
-    x.nan_to_num_(nan=1.0, posinf=1.0, neginf=1.0).abs_().sign_()
-    return x.sum(dtype=torch.float64).to(torch.int64)
 
 
 def _uniform(xs: Sequence[float]) -> bool:
