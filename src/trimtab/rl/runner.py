@@ -99,6 +99,7 @@ def _run(
     stop_after: int | None,
     setup: Callable[[Learner], None] | None,
 ) -> dict[str, Any]:
+    identity = run_identity()  # the source this process runs (the tree may change meanwhile)
     torch.manual_seed(cfg.run.seed)
     with Lifecycle() as life:
         learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
@@ -164,7 +165,7 @@ def _run(
         "halted": halted,
         "stability": cfg.run.stability,
         "seed": cfg.run.seed,
-        "identity": run_identity(),
+        "identity": identity,
         "device": str(device),
         "env_steps": prog.global_env_steps,
         "updates": prog.global_step,
