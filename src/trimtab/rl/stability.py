@@ -239,8 +239,11 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
         if mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is after_step
             return Adam(groups, lr=lr, eps=eps, weight_decay=0.0, weight_clamp=False,
                         state_vector=state, capturable=True)  # fmt: skip
-        # off: torch's Adam; fused (which honours GradScaler's found_inf) where skip needs it
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True if skip else None)
+        # off: torch's Adam; fused (which honours GradScaler's found_inf) where skip needs it,
+        # capturable on CUDA (its step counters on the device: a CUDA graph can hold the step)
+        cuda = bool(params) and params[0].is_cuda
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True if skip else None,
+                                capturable=cuda and not skip)  # fmt: skip
 
     stab = Stability(
         mode=mode, state=state, sentinel=sentinel, checks=checks, bounds=bounds,
