@@ -15,6 +15,7 @@ import torch
 
 from trimtab._impl import resolve_impl
 from trimtab.estimate import AdaptiveEMA, check_mask
+from trimtab.kernels.ema_layout import normal_upper_quantile
 from trimtab.lifecycle import register
 
 __all__ = ["FALSE_ALARM_PROB", "EngagementCorrection", "normal_upper_quantile"]
@@ -24,20 +25,6 @@ __all__ = ["FALSE_ALARM_PROB", "EngagementCorrection", "normal_upper_quantile"]
 #: z threshold (about 3.09), and a false alarm costs one small raise that the next observations
 #: undo.
 FALSE_ALARM_PROB = 1e-3
-
-
-def normal_upper_quantile(p: float) -> float:
-    """``z`` with ``P(Z > z) = p`` for a standard normal ``Z`` (``0 < p < 1``)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"tail probability must be in (0, 1), got {p!r}")
-    lo, hi = -40.0, 40.0
-    for _ in range(200):  # bisection on erfc: exact to double precision, runs once
-        mid = 0.5 * (lo + hi)
-        if 0.5 * math.erfc(mid / math.sqrt(2.0)) > p:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
 
 
 class EngagementCorrection:

@@ -57,10 +57,12 @@ ENG_FIELDS = ("rate", "max", "z", "engaged_total", "seen_total")
 TAIL_FIELDS = ("q_level", "q_slope", "c", "kappa")
 
 
-def _normal_quantile_upper(p: float) -> float:
-    """z with P(Z > z) = p for a standard normal Z (bisection; runs once at import)."""
-    lo, hi = 0.0, 40.0
-    for _ in range(200):
+def normal_upper_quantile(p: float) -> float:
+    """``z`` with ``P(Z > z) = p`` for a standard normal ``Z`` (``0 < p < 1``)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"tail probability must be in (0, 1), got {p!r}")
+    lo, hi = -40.0, 40.0
+    for _ in range(200):  # bisection on erfc: exact to double precision, runs once
         mid = 0.5 * (lo + hi)
         if 0.5 * math.erfc(mid / math.sqrt(2.0)) > p:
             lo = mid
@@ -72,7 +74,7 @@ def _normal_quantile_upper(p: float) -> float:
 # A shift is declared when two consecutive standardized innovations exceed c with the same sign;
 # under the model that has probability 2 Φ(-c)² per step, set equal to FALSE_SHIFT_PROB. One lone
 # innovation beyond c is an outlier and is winsorized at c (Huber 1964).
-OUTLIER_Z = _normal_quantile_upper(math.sqrt(FALSE_SHIFT_PROB / 2.0))
+OUTLIER_Z = normal_upper_quantile(math.sqrt(FALSE_SHIFT_PROB / 2.0))
 
 
 def t_threshold(c: float, dof: torch.Tensor) -> torch.Tensor:
