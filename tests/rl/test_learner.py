@@ -197,3 +197,16 @@ def test_learn_step_reads_top_to_bottom_with_no_mode_branch():
     for word in ("mode", "adaptive", "fixed", "policy ==", "ablate"):
         assert word not in code, word
     assert src.count("# stability") >= 8
+
+
+def test_a_huge_support_edge_is_named():
+    """A finite but absurd C51 support (1e30) fires the atom_span slot against the bound it is
+    read from (it once checked for NaN/Inf only: the one silent case of the fault benchmark)."""
+    learner, _ = _learner()
+    for i in range(4):
+        learner.learn(_scaled_batch(1.0, i))
+    learner.stability.checks.fault = ("atom_span", 5, 1e30)
+    for i in range(3):
+        learner.learn(_scaled_batch(1.0, 10 + i))
+    first = learner.sentinel_report()["fired"][0]
+    assert (first["name"], first["step"], first["kind"]) == ("atom_span", 5, "threshold")

@@ -156,7 +156,8 @@ class Checks:
                     "reward": above("targets_bound")}.get(name)  # fmt: skip
             s.add(f"replay.{name}", source(f"replay.{name}"), rule, phase="batch")
         s.add("obs", source("obs"), watched("obs"), phase="forward")
-        s.add("atom_span", source("atom_span"), phase="forward")
+        # the support's edge against the bound it is read from (adaptive): a 1e30 there fires
+        s.add("atom_span", source("atom_span"), above("targets_bound"), phase="forward")
         for name in ("targets", "trunk"):  # a guarded one is fed by its clamp (source None)
             src = None if self.guarded[name] else source(name)
             s.add(name, src, above(self.thresholds[name]), phase="forward")
