@@ -201,15 +201,17 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
                 hi = b.read("targets").expand(n_branches)
                 return -hi, hi
 
-        if "targets" in measured:
-            clamp = on["target_clamp"]
+        if "targets" in measured and on["target_clamp"]:
 
             def bound_targets(x: Tensor) -> None:
                 b.measure("targets", x)  # stability: p99 |target| before any clamp
-                if clamp:
-                    b.clamp_("targets", x)  # stability: check, then clamp
-                else:
-                    checks.see("targets", x)
+                b.clamp_("targets", x)  # stability: check, then clamp
+
+        elif "targets" in measured:  # the support measures them; no clamp (an ablation)
+
+            def bound_targets(x: Tensor) -> None:
+                b.measure("targets", x)
+                checks.see("targets", x)
 
         if on["trunk_clamp"]:
             trunk_out = BoundClamp(b, "trunk")
