@@ -1,13 +1,15 @@
-"""AdaptiveEMA on a bank of 21 signal families, split up front into a tuning and a held-out half.
+"""AdaptiveEMA on a bank of 35 signal families in three groups: tuned on, seen, and fresh.
 
-Usage: ``python benchmarks/bench_ema_bank.py [--quick] [--out PATH] [--device DEVICE]``
+Usage: ``python benchmarks/bench_ema_bank.py [--quick] [--out PATH] [--device DEVICE]
+[--halves tune,held_out,fresh]``
 
-Each family is parameterised and seeded (its parameters are drawn per seed); the split is fixed
-in ``FAMILIES`` by family, before any result was seen, and the estimator's constants were chosen
-on the ``tune`` half only. Every family's siblings sit in both halves (a short burst to tune on,
-a 1%-of-the-run burst held out; multiplicative noise at a constant level to tune on, level
-regimes with noise proportional to the level held out), so the held-out half asks whether what
-was learnt on one generalises to the other.
+Each family is parameterised and seeded (its parameters are drawn per seed). The first 21 were
+split by family, before any result was seen, into ``tune`` and ``held_out``; but traces of the
+``held_out`` ones were read while the estimator was changed, so they no longer test
+generalisation and are reported as tuning data ("seen"). The ``fresh`` half (14 families, new
+kinds and new parameter ranges drawn from seeds no earlier run used) was committed, with the
+commit recorded as ``FRESH_COMMIT`` and in the JSON, before the estimator was run on any of it;
+the estimator is tuned with ``--halves tune,held_out`` only.
 
 Two banks are scored, as ``bench_ema.py`` scores its five signals (the mean over all steps of
 the squared error against the true level, averaged over seeds, against fixed-rate EMAs whose
@@ -242,6 +244,160 @@ def p99_heavy(d: Draw):
     return (log_level + 0.3 * d.student_t(3.0)).exp(), None, log_level
 
 
+# --- the fresh held-out half ------------------------------------------------------------------
+# Written and committed (the commit is in the JSON as ``fresh_commit``) before AdaptiveEMA was run
+# on any of them; every parameter is drawn per seed from the range stated in its docstring, from
+# seeds no earlier run used. The estimator is tuned on the 21 families above only.
+def _u(d: Draw, lo: float, hi: float) -> float:
+    return lo + (hi - lo) * d.u()
+
+
+def _ar1(d: Draw, phi: float) -> Tensor:
+    """Unit-variance AR(1) noise of coefficient ``phi``."""
+    e = d.randn() * math.sqrt(1.0 - phi * phi)
+    x = torch.empty_like(e)
+    x[0] = e[0] / math.sqrt(1.0 - phi * phi)
+    for i in range(1, len(e)):
+        x[i] = phi * x[i - 1] + e[i]
+    return x
+
+
+def _windows(d: Draw, count: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """``count`` windows (start, length), lengths uniform in [lo, hi], starts in [10%, 90%)."""
+    out = []
+    for _ in range(count):
+        length = int(_u(d, lo, hi + 1))
+        out.append((int(d.steps * _u(d, 0.1, 0.9)), max(length, 1)))
+    return out
+
+
+def fresh_noise_step(d: Draw):
+    """Constant level 0…5; the noise sd changes once, at 20…80% of the run, from 1 to
+    10^U(-1, 1.3) (a fall to 1/10 … a rise to ×20)."""
+    at = int(d.steps * _u(d, 0.2, 0.8))
+    sd = torch.where(_t(d) >= at, 10.0 ** _u(d, -1.0, 1.3), 1.0).double()
+    return _additive(torch.full((d.steps,), _u(d, 0.0, 5.0), dtype=torch.float64), sd * d.randn())
+
+
+def fresh_bursts(d: Draw):
+    """2…5 bursts of a real level change, each U(5, 60) steps long and ±U(2, 12)σ high."""
+    level = torch.zeros(d.steps, dtype=torch.float64)
+    for at, length in _windows(d, int(_u(d, 2, 6)), 5, 60):
+        level[at : at + length] = d.sign() * _u(d, 2.0, 12.0)
+    return _additive(level, d.randn())
+
+
+def fresh_ar_noise(d: Draw):
+    """AR(1) noise of coefficient U(0.3, 0.9), unit variance, around a constant level 0…5."""
+    return _additive(torch.full((d.steps,), _u(d, 0.0, 5.0), dtype=torch.float64),
+                     _ar1(d, _u(d, 0.3, 0.9)))  # fmt: skip
+
+
+def fresh_outlier_mix(d: Draw):
+    """Constant level; with probability U(0.002, 0.03) per step the observation is level ±
+    U(5, 50)σ, the sign of each outlier drawn (a contaminated normal)."""
+    level = torch.full((d.steps,), _u(d, -5.0, 5.0), dtype=torch.float64)
+    hit = d.rand() < _u(d, 0.002, 0.03)
+    size = (5.0 + 45.0 * d.rand()) * torch.where(d.rand() < 0.5, -1.0, 1.0).double()
+    return torch.where(hit, level + size, level + d.randn()), level, None
+
+
+def fresh_sine(d: Draw):
+    """A sinusoid of period U(200, 1500) steps and amplitude U(1, 5)σ."""
+    period, amp, phase = _u(d, 200.0, 1500.0), _u(d, 1.0, 5.0), _u(d, 0.0, 2.0 * math.pi)
+    return _additive(amp * torch.sin(2.0 * math.pi * _t(d) / period + phase), d.randn())
+
+
+def fresh_piecewise_trend(d: Draw):
+    """Piecewise-linear level: a new slope U(-0.02, 0.02)σ/step at switches one per ~U(300,
+    1000) steps."""
+    k = d.regimes(_u(d, 300.0, 1000.0))
+    slopes = 0.04 * torch.rand(int(k.max()) + 1, generator=d.gen, dtype=torch.float64) - 0.02
+    return _additive(torch.cumsum(slopes[k], 0), d.randn())
+
+
+def fresh_t_regimes(d: Draw):
+    """Student-t noise of U(2.2, 5) d.o.f. (unit variance) around a level that jumps by
+    ±U(2, 8)σ one per ~U(400, 1200) steps."""
+    k = d.regimes(_u(d, 400.0, 1200.0))
+    n = int(k.max()) + 1
+    jumps = (2.0 + 6.0 * torch.rand(n, generator=d.gen, dtype=torch.float64)) * (
+        torch.randint(0, 2, (n,), generator=d.gen).double() * 2 - 1
+    )
+    jumps[0] = 0.0
+    return _additive(torch.cumsum(jumps, 0)[k], d.student_t(_u(d, 2.2, 5.0)))
+
+
+def fresh_level_noise_regimes(d: Draw):
+    """Regimes one per ~U(300, 1000) steps; at each the level moves by ±U(0, 6) and the noise
+    sd is redrawn in 10^U(-0.5, 0.7) (level and noise regimes at once, not tied)."""
+    k = d.regimes(_u(d, 300.0, 1000.0))
+    n = int(k.max()) + 1
+    moves = 12.0 * torch.rand(n, generator=d.gen, dtype=torch.float64) - 6.0
+    moves[0] = 0.0
+    sds = 10.0 ** (1.2 * torch.rand(n, generator=d.gen, dtype=torch.float64) - 0.5)
+    return _additive(torch.cumsum(moves, 0)[k], sds[k] * d.randn())
+
+
+def fresh_p99_regimes(d: Draw):
+    """Positive: the level moves by ×10^U(-2, 2) one per ~U(300, 1000) steps, log-sd U(0.1, 0.6)
+    (a p99 across regime shifts)."""
+    k = d.regimes(_u(d, 300.0, 1000.0))
+    n = int(k.max()) + 1
+    logs = math.log(10.0) * (4.0 * torch.rand(n, generator=d.gen, dtype=torch.float64) - 2.0)
+    logs[0] = 0.0
+    return _positive(torch.cumsum(logs, 0)[k], d, _u(d, 0.1, 0.6))
+
+
+def fresh_p99_spiky(d: Draw):
+    """Positive: a constant level 10^U(-3, 3), log-sd U(0.2, 0.5); with probability
+    U(0.002, 0.02) per step the value is ×10^U(1, 3) (one-sided spikes, not the level)."""
+    log_level = torch.full((d.steps,), math.log(10.0) * _u(d, -3.0, 3.0), dtype=torch.float64)
+    sd = _u(d, 0.2, 0.5)
+    obs, mean, median = _positive(log_level, d, sd)
+    hit = d.rand() < _u(d, 0.002, 0.02)
+    spike = (math.log(10.0) * (1.0 + 2.0 * d.rand())).exp()
+    return torch.where(hit, obs * spike, obs), mean, median
+
+
+def fresh_p99_decay(d: Draw):
+    """Positive: a loss-like decay ``(1 + t/τ)^-k``, τ = U(20, 500) steps, k such that the level
+    falls by 10^U(1, 5) over the run, log-sd U(0.2, 0.8)."""
+    tau, decades = _u(d, 20.0, 500.0), _u(d, 1.0, 5.0)
+    k = decades * math.log(10.0) / math.log1p(d.steps / tau)
+    return _positive(-k * torch.log1p(_t(d) / tau), d, _u(d, 0.2, 0.8))
+
+
+def fresh_p99_ar(d: Draw):
+    """Positive: a constant level 10^U(-2, 2) with log-scale AR(1) noise, coefficient
+    U(0.3, 0.9), log-sd U(0.2, 0.5) (the p99 of overlapping or correlated batches)."""
+    log_level = math.log(10.0) * _u(d, -2.0, 2.0)
+    sd, phi = _u(d, 0.2, 0.5), _u(d, 0.3, 0.9)
+    log_y = log_level + sd * _ar1(d, phi)
+    level = torch.full((d.steps,), log_level, dtype=torch.float64)
+    return log_y.exp(), (level + 0.5 * sd * sd).exp(), level
+
+
+def fresh_p99_noise_regimes(d: Draw):
+    """Positive: a constant level 10^U(-2, 2); the log-sd switches between U(0.1, 0.3) and
+    U(2, 5) times that, one switch per ~U(300, 1000) steps. Scored on the log scale only (the
+    linear mean's log-sd of up to 1.5 makes its linear MSE a measure of a few values)."""
+    k = d.regimes(_u(d, 300.0, 1000.0))
+    low = _u(d, 0.1, 0.3)
+    sd = torch.where(k % 2 == 0, low, low * _u(d, 2.0, 5.0)).double()
+    log_level = torch.full((d.steps,), math.log(10.0) * _u(d, -2.0, 2.0), dtype=torch.float64)
+    return (log_level + sd * d.randn()).exp(), None, log_level
+
+
+def fresh_p99_bursts(d: Draw):
+    """Positive: 1…4 bursts of the level ×10^U(0.5, 2), each U(10, 100) steps long, on a
+    constant level, log-sd U(0.2, 0.4)."""
+    log_level = torch.zeros(d.steps, dtype=torch.float64)
+    for at, length in _windows(d, int(_u(d, 1, 5)), 10, 100):
+        log_level[at : at + length] = math.log(10.0) * _u(d, 0.5, 2.0)
+    return _positive(log_level, d, _u(d, 0.2, 0.4))
+
+
 # The split, fixed by family before any result was seen: the first column is tuned on.
 FAMILIES: dict[str, tuple[str, Maker]] = {
     # tune
@@ -267,15 +423,32 @@ FAMILIES: dict[str, tuple[str, Maker]] = {
     "shrink": ("held_out", shrink),
     "p99_burst": ("held_out", p99_burst),
     "p99_heavy": ("held_out", p99_heavy),
+    # fresh held out (see above): committed before any result of theirs was seen
+    "fresh_noise_step": ("fresh", fresh_noise_step),
+    "fresh_bursts": ("fresh", fresh_bursts),
+    "fresh_ar_noise": ("fresh", fresh_ar_noise),
+    "fresh_outlier_mix": ("fresh", fresh_outlier_mix),
+    "fresh_sine": ("fresh", fresh_sine),
+    "fresh_piecewise_trend": ("fresh", fresh_piecewise_trend),
+    "fresh_t_regimes": ("fresh", fresh_t_regimes),
+    "fresh_level_noise_regimes": ("fresh", fresh_level_noise_regimes),
+    "fresh_p99_regimes": ("fresh", fresh_p99_regimes),
+    "fresh_p99_spiky": ("fresh", fresh_p99_spiky),
+    "fresh_p99_decay": ("fresh", fresh_p99_decay),
+    "fresh_p99_ar": ("fresh", fresh_p99_ar),
+    "fresh_p99_noise_regimes": ("fresh", fresh_p99_noise_regimes),
+    "fresh_p99_bursts": ("fresh", fresh_p99_bursts),
 }
-HALVES = ("tune", "held_out")
+HALVES = ("tune", "held_out", "fresh")
 
 
 def make(name: str, steps: int, seed: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """One run of family ``name``: (observations, true mean or None, true log-median or None)."""
     index = list(FAMILIES).index(name)
-    gen = torch.Generator().manual_seed(7919 * seed + index)
-    torch.manual_seed(7919 * seed + index)  # torch.distributions draws from the global one
+    # the fresh half draws from seeds no earlier run of the bank used (another base and stride)
+    key = 104729 * seed + 1_000_003 + index if FAMILIES[name][0] == "fresh" else 7919 * seed + index
+    gen = torch.Generator().manual_seed(key)
+    torch.manual_seed(key)  # torch.distributions draws from the global one
     return FAMILIES[name][1](Draw(gen, steps))
 
 
@@ -302,12 +475,18 @@ def _score(obs: Tensor, truth: Tensor, log: bool, device: torch.device) -> tuple
     return err_a / steps, err_f / steps
 
 
-def run(steps: int, seeds: int, device: torch.device) -> dict[str, dict[str, dict]]:
-    """``{bank: {family: row}}``, bank ``update`` or ``update_log``."""
-    runs = {name: [make(name, steps, s) for s in range(seeds)] for name in FAMILIES}
+def run(
+    steps: int, seeds: int, device: torch.device, halves: tuple[str, ...] = HALVES
+) -> dict[str, dict[str, dict]]:
+    """``{bank: {family: row}}``, bank ``update`` or ``update_log``, families of ``halves``."""
+    runs = {
+        name: [make(name, steps, s) for s in range(seeds)]
+        for name, (half, _) in FAMILIES.items()
+        if half in halves
+    }
     out: dict[str, dict[str, dict]] = {}
     for bank, log in (("update", False), ("update_log", True)):
-        names = [n for n in FAMILIES if runs[n][0][2 if log else 1] is not None]
+        names = [n for n in runs if runs[n][0][2 if log else 1] is not None]
         obs = torch.stack([r[0] for n in names for r in runs[n]], 1)
         truth = torch.stack([r[2 if log else 1] for n in names for r in runs[n]], 1)
         mse_a, mse_f = _score(obs, truth, log, device)
@@ -345,12 +524,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--quick", action="store_true", help="300 steps, 2 seeds (for tests)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--halves", default=",".join(HALVES),
+                        help=f"comma-separated subset of {HALVES} to run (tuning: leave out fresh)")  # fmt: skip
     args = parser.parse_args(argv)
+    halves = tuple(h for h in args.halves.split(",") if h)
+    if not halves or set(halves) - set(HALVES):
+        parser.error(f"--halves must name some of {HALVES}, got {args.halves!r}")
     steps, seeds = (300, 2) if args.quick else (3000, 5)
-    results = run(steps, seeds, torch.device(args.device))
+    results = run(steps, seeds, torch.device(args.device), halves)
     print(f"AdaptiveEMA on the signal bank: tracking MSE, {steps} steps, {seeds} seeds")
     for bank, rows in results.items():
-        for half in HALVES:
+        for half in halves:
             print(f"\n{bank}, {half} half\n")
             print(markdown(rows, half))
     worst = {
@@ -359,7 +543,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                 ((n, r["ratio"]) for n, r in rows.items() if r["half"] == half),
                 key=lambda x: x[1],
             )
-            for half in HALVES
+            for half in halves
+            if any(r["half"] == half for r in rows.values())
         }
         for bank, rows in results.items()
     }
@@ -371,6 +556,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "seeds": seeds,
         "fixed_alphas": FIXED_ALPHAS,
         "target_ratio": TARGET_RATIO,
+        "halves_run": halves,
         "split": {h: [n for n, (hh, _) in FAMILIES.items() if hh == h] for h in HALVES},
         "worst": worst,
         "results": results,
