@@ -38,6 +38,8 @@ import torch
 from trimtab import AdaptiveEMA
 from trimtab.benchmarking import provenance
 
+# The commit that added the fresh half, before the estimator was run on it.
+FRESH_COMMIT = "7265cf4"
 FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
 TARGET_RATIO = 1.25
 DEFAULT_OUT = Path(__file__).parent / "results" / "ema_bank.json"
@@ -524,8 +526,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--quick", action="store_true", help="300 steps, 2 seeds (for tests)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--halves", default=",".join(HALVES),
-                        help=f"comma-separated subset of {HALVES} to run (tuning: leave out fresh)")  # fmt: skip
+    parser.add_argument(
+        "--halves",
+        default=",".join(HALVES),
+        help=f"comma-separated subset of {HALVES} to run (tuning: leave out fresh)",
+    )
     args = parser.parse_args(argv)
     halves = tuple(h for h in args.halves.split(",") if h)
     if not halves or set(halves) - set(HALVES):
@@ -557,6 +562,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "fixed_alphas": FIXED_ALPHAS,
         "target_ratio": TARGET_RATIO,
         "halves_run": halves,
+        "fresh_commit": FRESH_COMMIT,
         "split": {h: [n for n, (hh, _) in FAMILIES.items() if hh == h] for h in HALVES},
         "worst": worst,
         "results": results,
