@@ -62,6 +62,33 @@ def test_a_stale_bound_is_raised_by_the_engagement_test():
     assert float(b.engagement.rate[0]) > 0 or float(b.values[0]) > 10 * before
 
 
+def test_headroom_clamps_only_excursions_and_the_test_still_counts_the_quantile():
+    b = AdaptiveBounds(["a"], headroom=2.0)
+    _run(b, "a", 5.0, 200)
+    assert float(b.values[0]) == pytest.approx(5.0 * 2.5758, rel=0.03)  # still the p99
+    assert torch.equal(b.clamp_bound("a"), 2.0 * b.bound("a"))
+    # the clamp at 2 x p99 of a normal (5.15 sigma) binds on ~3e-7 of the elements, not 1%
+    assert float(b.engaged_rates()[0]) < 1e-5
+    # the test counts exceedances of the slot: about 1 - q, and it does not fire
+    assert float(b.engagement.fraction[0]) == pytest.approx(0.01, abs=0.004)
+    assert not bool(b.engagement.stale[0])
+    x = torch.tensor([0.0, 1.5, 3.0, -30.0, 200.0])
+    b.values.fill_(1.0)
+    b.measure("a", x)
+    b.clamp_("a", x)
+    assert x.tolist() == [0.0, 1.5, 2.0, -2.0, 2.0]  # clamped at 2 x the slot
+    assert b._above.tolist() == [4] and b._counts[0, 0].item() == 3  # test at 1, clamp at 2
+    # a stale estimate is still raised (the data jump x20)
+    c = AdaptiveBounds(["a"], headroom=2.0)
+    _run(c, "a", 1.0, 50)
+    before = float(c.values[0])
+    _run(c, "a", 20.0, 3, seed=9)
+    assert float(c.engagement.rate[0]) > 0 or float(c.values[0]) > 10 * before
+    for bad in (0.5, math.inf, math.nan):
+        with pytest.raises(ValueError, match="headroom"):
+            AdaptiveBounds(["a"], headroom=bad)
+
+
 def test_state_dict_round_trip_continues_identically():
     a = AdaptiveBounds(["x", "y"])
     _run(a, "x", 2.0, 20)

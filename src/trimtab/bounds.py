@@ -36,13 +36,21 @@ class AdaptiveBounds:
        finite ``|x|``, :func:`trimtab.abs_quantile`), the largest finite ``M_t = max |x|`` and the
        count ``n_t``;
     2. **clamp** ``x`` (the sentinel checks it first, in the same pass: invariant 4) at
-       ``B_t = max(s_(t-1), floor)``, the slot as it stands, counting ``k_t`` finite elements
-       with ``|x| > B_t``; a slot that is unset (a fold's first step) reads this step's ``y_t``;
+       ``h · B_t``, ``B_t = max(s_(t-1), floor)`` the slot as it stands (a slot that is unset,
+       a fold's first step, reads this step's ``y_t``) and ``h >= 1`` the ``headroom``;
+       ``k_t`` counts the finite elements with ``|x| > B_t``, the quantile estimate's
+       exceedances, whatever ``h`` is;
     3. **fold**, once per step for every bound measured in it: the engagement test
-       (:class:`~trimtab.EngagementCorrection`; ``k_t ~ Binomial(n_t, 1 - q)`` while the bound
+       (:class:`~trimtab.EngagementCorrection`; ``k_t ~ Binomial(n_t, 1 - q)`` while the slot
        is the true quantile) raises a stale ``y_t`` toward ``M_t``, and an
        :class:`~trimtab.AdaptiveEMA` folds it on a log scale into the slot,
        ``s_t = exp(EMA(log y'_t))``, its first observation after a reset replacing the value.
+
+    **Headroom.** With ``h = 1`` the clamp is the quantile itself and cuts ``1 - q`` of what it
+    sees on every step: a constant change to the model, not a guard. With ``h > 1`` it binds
+    only on values ``h`` times past the measured quantile (an excursion), while the test still
+    counts exceedances of the quantile, so it keeps its meaning (a stale *estimate*, at the
+    rate ``1 - q`` it expects); :meth:`engaged_rates` reports the clamp's own engagements.
 
     A bound not measured in a step keeps its slot and statistics. Everything is computed on the
     device (no host sync; CUDA-graph capturable once warmed up). The object owns its slots (in
@@ -70,6 +78,7 @@ class AdaptiveBounds:
         *,
         q: float = 0.99,
         floor: float = DEFAULT_FLOOR,
+        headroom: float = 1.0,
         state: StateVector | None = None,
         device: torch.device | str | None = None,
         sentinel: Sentinel | None = None,
@@ -85,7 +94,13 @@ class AdaptiveBounds:
             raise ValueError(f"q={q} must be in (0, 1): a clamp at it engages on 1 - q")
         if not (math.isfinite(floor) and floor > 0):
             raise ValueError(f"floor={floor} must be a finite number > 0")
+        if not (math.isfinite(headroom) and headroom >= 1.0):
+            raise ValueError(
+                f"headroom={headroom} must be a finite number >= 1: the clamp binds at headroom "
+                "x the measured quantile (1: at the quantile itself)"
+            )
         self.names, self.q, self.floor, self.name = names, float(q), float(floor), name
+        self.headroom = float(headroom)
         self.sentinel = sentinel
         if state is None:
             state = StateVector(self.slots(names), device=device)
@@ -116,7 +131,9 @@ class AdaptiveBounds:
         self._obs = torch.full((n,), math.nan, device=dev)  # this step's y_t (NaN: unmeasured)
         self._max = torch.zeros(n, device=dev)  # this step's M_t
         self._seen = torch.zeros(n, dtype=torch.int64, device=dev)  # n_t
-        self._counts = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # (k_t, non-finite)
+        self._counts = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # clamp: engaged, non-fin.
+        # k_t, the quantile's exceedances: the clamp's own count when the clamp is the quantile
+        self._above = self._counts[:, 0] if headroom == 1.0 else torch.zeros_like(self._seen)
         self._log = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # (engaged, seen) since log
         self._floor = torch.full((), self.floor, device=dev)
         #: Test hook: called as ``fault_hook(bound, x)`` right before a counted clamp checks
@@ -163,6 +180,8 @@ class AdaptiveBounds:
         else:
             self._max[i].zero_()
         self._seen[i].fill_(x.numel())  # fill_: a kernel argument, not a host copy
+        if self.headroom != 1.0:  # the clamp is not the quantile: count its exceedances here
+            self._above[i].copy_(torch.count_nonzero(flat > self.bound(bound)))
 
     def bound(self, bound: str) -> Tensor:
         """The bound a consumer reads now: ``max(slot, floor)``, the slot read as this step's
@@ -177,14 +196,20 @@ class AdaptiveBounds:
         undefined)."""
         return torch.fmax(self.bound(bound), self._floor)
 
+    def clamp_bound(self, bound: str) -> Tensor:
+        """Where :meth:`clamp_` binds: ``headroom`` × :meth:`bound` (NaN: clamp nothing)."""
+        b = self.bound(bound)
+        return b if self.headroom == 1.0 else b * self.headroom
+
     @torch.no_grad()
     def clamp_(self, bound: str, x: Tensor, *, count: bool = True) -> Tensor:
         """In place: check ``x`` into the sentinel slot ``bound`` (when this object has a
-        sentinel), then replace NaN/±Inf by 0 and clamp to ``±bound``. ``count=True`` counts the
-        engagements toward this step's test (the measured tensor); ``False`` applies the bound
-        without counting or checking (another forward of the same step). Returns ``x``."""
+        sentinel), then replace NaN/±Inf by 0 and clamp to ``±clamp_bound``. ``count=True`` counts
+        the clamp's engagements (the measured tensor; at ``headroom`` 1 they are also the test's
+        exceedances); ``False`` applies the bound without counting or checking (another forward
+        of the same step). Returns ``x``."""
         i = self._i(bound)
-        b = self.bound(bound).reshape(1)
+        b = self.clamp_bound(bound).reshape(1)
         if not count:
             return clamp_finite_(x, b)
         counts = self._counts[i]
@@ -204,7 +229,7 @@ class AdaptiveBounds:
         took = ~torch.isnan(self._obs)
         self._log[:, 0].add_(torch.where(took, self._counts[:, 0], 0))
         self._log[:, 1].add_(torch.where(took, self._seen, 0))
-        self.engagement.observe(self._counts[:, 0], self._seen, self._max, took)
+        self.engagement.observe(self._above, self._seen, self._max, took)
         new = self.engagement.fold(self.ema, self._obs.nan_to_num(0.0), took)
         self.values.copy_(torch.where(took, new, self.values))
         self._clear_step()
@@ -215,6 +240,7 @@ class AdaptiveBounds:
         self._max.zero_()
         self._seen.zero_()
         self._counts.zero_()
+        self._above.zero_()
 
     def engaged_rates(self) -> Tensor:
         """Per bound, the fraction of measured elements clamped since the last call (float64,
@@ -252,7 +278,10 @@ class AdaptiveBounds:
         self._log.copy_(state["log"])
 
     def __repr__(self) -> str:
-        return f"AdaptiveBounds({list(self.names)}, q={self.q}, floor={self.floor}, {self.device})"
+        return (
+            f"AdaptiveBounds({list(self.names)}, q={self.q}, floor={self.floor}, "
+            f"headroom={self.headroom}, {self.device})"
+        )
 
 
 class BoundClamp(nn.Module):
