@@ -190,13 +190,15 @@ def test_diagnostics_never_change_the_step(mode):
 
 
 def test_learn_step_reads_top_to_bottom_with_no_mode_branch():
-    """The step function fits one screen and never branches on the mode or the policy."""
-    src = inspect.getsource(Learner.learn)
-    assert len(src.splitlines()) <= 50
-    code = "\n".join(line.split("#")[0] for line in src.splitlines())
-    for word in ("mode", "adaptive", "fixed", "policy ==", "ablate"):
-        assert word not in code, word
-    assert src.count("# stability") >= 8
+    """The step function (what a CUDA graph captures) and its host wrapper each fit one screen
+    and never branch on the mode or the policy."""
+    for fn in (Learner.guarded_step, Learner.learn):
+        src = inspect.getsource(fn)
+        assert len(src.splitlines()) <= 50
+        code = "\n".join(line.split("#")[0] for line in src.splitlines())
+        for word in ("mode", "adaptive", "fixed", "policy ==", "ablate"):
+            assert word not in code, word
+    assert inspect.getsource(Learner.guarded_step).count("# stability") >= 8
 
 
 def test_a_huge_support_edge_is_named():

@@ -1,14 +1,17 @@
 """Pointer tables: one int64 tensor of data pointers so one launch can read many tensors.
 
-Building a table copies host integers to the device, which a CUDA graph cannot capture, so tables
-are cached by the tensors' (pointer, numel, dtype) signature: after a warm-up call, a loop over
-the same buffers builds nothing.
+Building a table copies host integers to the device, so tables are cached by the tensors'
+(pointer, numel, dtype) signature: after a warm-up call, a loop over the same buffers builds
+nothing. A table built while a CUDA graph is captured (the graph's own temporaries have new
+addresses) is a pinned host-to-device copy that every replay repeats: build it inside
+:func:`keep_host_copies`, which hands the pinned arrays to the graph's owner to keep alive.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +20,32 @@ import torch
 DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 _CACHE_SIZE = 64
+
+#: Where the pinned host arrays of tables built under :func:`keep_host_copies` go (else None).
+_kept: list[torch.Tensor] | None = None
+
+
+@contextmanager
+def keep_host_copies() -> Iterator[list[torch.Tensor]]:
+    """Collect the pinned host arrays (and their device tables) of every table built inside.
+
+    A captured graph replays a table's host-to-device copy from the pinned address it was
+    captured with; once the host tensor is freed the caching host allocator may hand that
+    block to another copy, and a replay would load its pointers. Hold the list as long as the
+    graph lives."""
+    global _kept
+    outer, _kept = _kept, []
+    try:
+        yield _kept
+    finally:
+        kept, _kept = _kept, outer
+        if outer is not None:
+            outer.extend(kept)
+
+
+def _keep(*tensors: torch.Tensor) -> None:
+    if _kept is not None:
+        _kept.extend(tensors)
 
 
 @dataclass(frozen=True)
@@ -71,6 +100,7 @@ def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
         # allocator keeps the pinned block alive until the copy has run)
         host = host.pin_memory()
     dev = host.to(device, non_blocking=True)
+    _keep(host, dev)
     n = len(tensors)
     table = PointerTable(
         ptrs=dev[0:n],
@@ -104,6 +134,7 @@ def pointer_array(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     if device.type == "cuda":  # pinned + non_blocking: an asynchronous copy, not a host sync
         host = host.pin_memory()
     array = host.to(device, non_blocking=True)
+    _keep(host, array)
     _arrays[key] = array
     if len(_arrays) > _ARRAY_CACHE_SIZE:
         _arrays.popitem(last=False)

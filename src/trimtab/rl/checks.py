@@ -277,9 +277,19 @@ class Checks:
             return None
         first = self.sentinel.report()[0]
         unit = "batched env step" if first.phase == "env" else "learn step"
+        # The flag is read every run.check_every steps, not every step: say how many steps ran
+        # past the fire (the loop halts before any checkpoint holds them).
+        done = self.sentinel.steps().get("batch", 0)  # learn steps of this fold so far
+        after = done - 1 - first.step if first.phase != "env" else 0
+        late = (
+            f"; {after} learn step(s) ran after it before the host read the flag (not "
+            "checkpointed; resume from the last checkpoint)"
+            if after > 0
+            else ""
+        )
         return (
             f"sentinel slot {first.name!r} fired first: {first.kind} in phase {first.phase} "
-            f"at {unit} {first.step} of this fold (value {first.value})"
+            f"at {unit} {first.step} of this fold (value {first.value}){late}"
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from trimtab.rl.configio import ConfigError
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "DEFAULT_CHECK_EVERY",
     "DataConfig",
     "EnvConfig",
     "GymConfig",
@@ -36,6 +37,10 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
 }
+CudaGraph = Literal["auto", "on", "off"]
+#: run.check_every's default: learn steps between host reads of the sentinel's flag (as
+#: run.log_every's default, so a default run reads the host no more often than it logs)
+DEFAULT_CHECK_EVERY = 50
 ABLATIONS = ("support", "target_clamp", "trunk_clamp", "grad_clip", "weight_clamp", "decay")
 
 
@@ -66,9 +71,45 @@ class RunConfig:
     # Weights, gradients, optimizer moments and the stability machinery stay float32.
     # (README: Mixed precision)
     autocast: Autocast = "none"
+    # adaptive mode: the quantile of |x| every measured bound estimates (the C51 support and
+    # target bound, the trunk bound, Adam's weight bound, the gradient clip's window); each
+    # bound's engagement test expects a fraction 1 - bound_quantile above it (README: Where a
+    # clamp binds)
+    bound_quantile: float = 0.99
+    # adaptive mode: the trunk and target clamps bind at clamp_headroom x their measured bound
+    # (1: at the quantile itself, cutting 1 - bound_quantile of the values on every step); the
+    # support is the bound itself, and the engagement test counts exceedances of the bound
+    clamp_headroom: float = 1.0
+    # The guarded learn step captured in a CUDA graph and replayed per step (README: Speed on
+    # the GPU): "auto" = on a CUDA device, eager on the CPU; "on" = capture (refused on the
+    # CPU); "off" = eager everywhere. Same numbers either way (tested on the GPU).
+    cuda_graph: CudaGraph = "auto"
+    # Gradient steps between the host reads of the sentinel's "did anything fire?" flag (also
+    # read at each metrics row, before each checkpoint and at each fold end). Under "halt" a
+    # fire is found up to check_every - 1 steps late; the report names the step it fired at.
+    check_every: int = DEFAULT_CHECK_EVERY
 
     def __post_init__(self) -> None:
         bad = []
+        if not 0.5 <= self.bound_quantile < 1.0:
+            bad.append(
+                f"bound_quantile={self.bound_quantile} must be in [0.5, 1): a bound is a high "
+                "quantile of |x| (0.99: its clamp engages on about 1% of what it sees)"
+            )
+        if not (math.isfinite(self.clamp_headroom) and self.clamp_headroom >= 1.0):
+            bad.append(
+                f"clamp_headroom={self.clamp_headroom} must be a finite number >= 1 (1: clamp "
+                "at the measured quantile; 2: at twice it)"
+            )
+        if self.cuda_graph not in ("auto", "on", "off"):
+            bad.append(f"cuda_graph={self.cuda_graph!r} must be 'auto', 'on' or 'off'")
+        elif self.cuda_graph == "on" and self.device == "cpu":
+            bad.append(
+                "cuda_graph='on' captures the learn step in a CUDA graph, which needs "
+                "device='cuda'; on the CPU set cuda_graph='auto' or 'off'"
+            )
+        if type(self.check_every) is not int or self.check_every < 1:
+            bad.append(f"check_every={self.check_every!r} must be an integer >= 1 (learn steps)")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             bad.append(f"device={self.device!r} must be 'cpu', 'cuda' or 'cuda:N'")
         if self.autocast not in AUTOCAST_DTYPES:

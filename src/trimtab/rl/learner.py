@@ -12,12 +12,14 @@ from torch import Tensor
 
 from trimtab.nonfinite import NonFinitePolicy
 from trimtab.rl.agent import DQNAgent
-from trimtab.rl.config import AUTOCAST_DTYPES, RunConfig, TrainConfig
+from trimtab.rl.config import AUTOCAST_DTYPES, DEFAULT_CHECK_EVERY, RunConfig, TrainConfig
+from trimtab.rl.configio import ConfigError
+from trimtab.rl.graphed import CapturedStep
 from trimtab.rl.losses import atoms
 from trimtab.rl.replay import ReplayBuffer
 from trimtab.rl.stability import Stability, build_stability
 
-__all__ = ["Learner", "build_learner"]
+__all__ = ["Learner", "build_learner", "uses_cuda_graph"]
 
 
 class Learner:
@@ -25,16 +27,60 @@ class Learner:
     :func:`build_learner` inside the run's :class:`trimtab.Lifecycle`, so every piece of state
     registers its fold-boundary reset)."""
 
-    def __init__(self, agent: DQNAgent, stability: Stability, policy: NonFinitePolicy) -> None:
+    def __init__(
+        self,
+        agent: DQNAgent,
+        stability: Stability,
+        policy: NonFinitePolicy,
+        *,
+        cuda_graph: bool = False,
+        check_every: int = DEFAULT_CHECK_EVERY,
+    ) -> None:
+        if check_every < 1:
+            raise ValueError(f"check_every={check_every} must be >= 1 (learn steps per host read)")
+        if cuda_graph and agent.device.type != "cuda":
+            raise ValueError(
+                f"cuda_graph=True needs the agent on a CUDA device, not {agent.device}; "
+                "run eagerly (cuda_graph=False) on the CPU"
+            )
         self.agent, self.stability, self.policy = agent, stability, policy
         self.params = list(agent.online.parameters())
+        self.check_every = check_every
+        #: the captured step (None: eager), built inside the run's Lifecycle so that its
+        #: fold-boundary check runs after every reset
+        self.graph = (
+            CapturedStep(self.guarded_step, [agent.generator], self._addresses)
+            if cuda_graph
+            else None
+        )
 
     def learn(
         self, batch: dict[str, Tensor], replay: ReplayBuffer | None = None
     ) -> dict[str, Tensor]:
-        """One guarded gradient step on ``batch``; returns detached device tensors. No host
-        synchronisation: every decision below is a device operation."""
-        agent, s, opt = self.agent, self.stability, self.agent.optimizer
+        """One guarded gradient step on ``batch`` (eager, or a replay of the captured step: the
+        same numbers), then what stays on the host: the replay's priorities, the update count
+        and the target sync every ``target_update_period`` updates. Returns detached device
+        tensors (under capture the same tensors every step, overwritten by the next one). No
+        host synchronisation."""
+        if self.graph is not None and self.stability.checks.fault is not None:
+            raise RuntimeError(
+                "the fault-injection hook (Checks.fault) counts checks on the host, which a "
+                "captured CUDA graph does not re-run: build the learner with "
+                "run.cuda_graph = 'off' to inject faults"
+            )
+        info = self.graph(batch) if self.graph is not None else self.guarded_step(batch)
+        if replay is not None:
+            replay.update_priorities(batch["indices"], info["priorities"])
+        agent = self.agent
+        agent.num_updates += 1
+        if agent.num_updates % agent.config.target_update_period == 0:
+            agent.sync_target()  # in place: the captured step reads the same target weights
+        return info
+
+    def guarded_step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The device part of :meth:`learn`, what a CUDA graph captures: it changes no host
+        state and makes no host synchronisation; every decision is a device operation."""
+        agent, s = self.agent, self.stability
         s.checks.batch(batch, self.policy)  # stability: sentinel "batch" first; skip/sanitize
         support = s.support()  # stability: the C51 support (adaptive: ±measured target bound)
         z = atoms(*support, agent.config.n_atoms)
@@ -50,7 +96,7 @@ class Learner:
             pred.trunk.register_hook(s.checks.trunk_grad)  # stability: sentinel, heads' grad
         # Gradients keep their buffers (set_to_none=False): the sentinel's pointer table and a
         # captured CUDA graph both need stable addresses.
-        opt.zero_grad(set_to_none=False)
+        agent.optimizer.zero_grad(set_to_none=False)
         loss.backward()
         s.checks.gradients()  # stability: sentinel "backward", before anything rewrites grads
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -61,12 +107,17 @@ class Learner:
         s.after_step()  # stability: fixed mode's weight clamp
         s.checks.weights()  # stability: sentinel "optimizer" (weights, moments)
         s.fold()  # stability: fold every bound measured this step, once
-        if replay is not None:
-            replay.update_priorities(batch["indices"], info["priorities"])
-        agent.num_updates += 1
-        if agent.num_updates % agent.config.target_update_period == 0:
-            agent.sync_target()
         return info
+
+    def poll(self) -> str | None:
+        """The loop's one host read of "did anything fire?", made every :attr:`check_every`
+        updates (counted by the agent's update count, so the cadence survives a resume):
+        :meth:`halt_message` on those steps, None without reading anything on the others.
+        Under ``halt`` a fire is found up to ``check_every - 1`` steps late; the message names
+        the step where it fired, from the sentinel's device-side record."""
+        if self.agent.num_updates % self.check_every:
+            return None
+        return self.halt_message()
 
     @classmethod
     def unguarded(cls, agent: DQNAgent) -> Learner:
@@ -117,8 +168,30 @@ class Learner:
         return {"agent": self.agent.state_dict(), "stability": self.stability.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load in place: every buffer keeps its address (the optimizer's loader allocates new
+        moments; their values are copied back into the old ones), so a captured step replays
+        on the loaded state without a recapture."""
+        opt = self.agent.optimizer
+        before = {p: dict(st) for p, st in opt.state.items()}
         self.agent.load_state_dict(state["agent"])
         self.stability.load_state_dict(state["stability"])
+        for p, st in opt.state.items():
+            for key, new in st.items():
+                old = before.get(p, {}).get(key)
+                if (isinstance(old, Tensor) and isinstance(new, Tensor) and old.shape == new.shape
+                        and old.dtype == new.dtype and old.device == new.device):  # fmt: skip
+                    old.copy_(new)
+                    st[key] = old
+        if self.graph is not None:
+            self.graph.check()  # a buffer the load could not keep: recapture
+
+    def _addresses(self) -> tuple[int, ...]:
+        """Where the step's persistent buffers live: weights, gradients, optimizer state."""
+        tensors = [*self.params, *self.agent.target.parameters()]
+        tensors += [p.grad for p in self.params if p.grad is not None]
+        for st in self.agent.optimizer.state.values():
+            tensors += [v for v in st.values() if isinstance(v, Tensor)]
+        return tuple(t.data_ptr() for t in tensors)
 
 
 def build_learner(
@@ -134,4 +207,17 @@ def build_learner(
     )  # fmt: skip
     stab.attach(agent.online, agent.optimizer)
     policy = NonFinitePolicy(cfg.run.on_nonfinite, agent.optimizer, device)
-    return Learner(agent, stab, policy)
+    return Learner(agent, stab, policy, cuda_graph=uses_cuda_graph(cfg.run, device),
+                   check_every=cfg.run.check_every)  # fmt: skip
+
+
+def uses_cuda_graph(run: RunConfig, device: torch.device) -> bool:
+    """Whether ``run.cuda_graph`` captures the learn step on ``device``: ``"auto"`` on CUDA,
+    ``"on"`` (refused on the CPU), never with ``"off"``."""
+    if run.cuda_graph == "on" and device.type != "cuda":
+        raise ConfigError(
+            f"run.cuda_graph = 'on' captures the learn step in a CUDA graph, which needs a CUDA "
+            f"device; this run is on {device}: set run.device = 'cuda', or run.cuda_graph = "
+            "'auto' (captures on CUDA only) or 'off'"
+        )
+    return run.cuda_graph == "on" or (run.cuda_graph == "auto" and device.type == "cuda")

@@ -108,6 +108,8 @@ class Stability:
     fold: Callable[[], Any] = lambda: None
     #: attach() builds an AdaptiveGradClip over the network's parameters
     adaptive_clip: bool = False
+    #: the quantile the AdaptiveGradClip estimates (run.bound_quantile)
+    quantile: float = 0.99
 
     @property
     def fingerprint(self) -> str:
@@ -118,13 +120,13 @@ class Stability:
         the sentinel's gradient, weight and moment slots."""
         params = list(net.parameters())
         if self.adaptive_clip:
-            self.clip = AdaptiveGradClip(params, state_vector=self.state)
+            self.clip = AdaptiveGradClip(params, quantile=self.quantile, state_vector=self.state)
         if self.mode == "fixed":
             self.clip = lambda ps: torch.nn.utils.clip_grad_norm_(ps, FIXED["grad_clip"])
             self.after_step = lambda: _clamp_weights(params, FIXED["weight_clamp"])
         if not isinstance(optimizer, Adam):  # trimtab's Adam registers its own reset
             register(optimizer, _drop_moments, name="optimizer[torch.optim.Adam]",
-                     what="drop moments and step counts")  # fmt: skip
+                     what="zero moments and step counts")  # fmt: skip
         self.checks.attach(net, optimizer)
 
     def state_dict(self) -> dict[str, Any]:
@@ -147,8 +149,14 @@ class Stability:
         self.sentinel.load_state_dict(state["sentinel"])
 
 
+@torch.no_grad()
 def _drop_moments(optimizer: torch.optim.Optimizer) -> None:
-    optimizer.state.clear()  # torch's Adam re-creates them, zeroed, at its next step
+    # Zeroed in place (moments and step counts), which is torch's Adam's fresh state: a
+    # captured CUDA graph keeps replaying on the same buffers (clearing the dict would free them).
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, Tensor):
+                value.zero_()
 
 
 @torch.no_grad()
@@ -181,8 +189,9 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
     bounds = None
     if measured:
         bounds = AdaptiveBounds(
-            measured, q=0.99, floor=SUPPORT_FLOOR, state=state, sentinel=sentinel,
-            add_slots=False, name="bounds",
+            measured, q=cfg.run.bound_quantile, floor=SUPPORT_FLOOR, state=state,
+            sentinel=sentinel, add_slots=False, name="bounds",
+            headroom=cfg.run.clamp_headroom,
         )  # fmt: skip
         bounds.fault_hook = lambda name, x: checks.inject(name, x, f"guard:{name}")
 
@@ -237,15 +246,17 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
         if mode == "adaptive":
             groups[0]["weight_decay"] = "auto" if on["decay"] else 0.0
             return Adam(groups, lr=lr, eps=eps, weight_clamp=on["weight_clamp"],
-                        state_vector=state, capturable=True)  # fmt: skip
+                        quantile=cfg.run.bound_quantile, state_vector=state,
+                        capturable=True)  # fmt: skip
         if mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is after_step
             return Adam(groups, lr=lr, eps=eps, weight_decay=0.0, weight_clamp=False,
                         state_vector=state, capturable=True)  # fmt: skip
         # off: torch's Adam; fused (which honours GradScaler's found_inf) where skip needs it,
-        # capturable on CUDA (its step counters on the device: a CUDA graph can hold the step)
+        # capturable on CUDA (its step counters on the device: a CUDA graph can hold the step;
+        # torch refuses to capture a step whose capturable flag is off, fused or not)
         cuda = bool(params) and params[0].is_cuda
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True if skip else None,
-                                capturable=cuda and not skip)  # fmt: skip
+                                capturable=cuda)  # fmt: skip
 
     stab = Stability(
         mode=mode, state=state, sentinel=sentinel, checks=checks, bounds=bounds,
@@ -255,4 +266,5 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
     if bounds is not None:
         stab.fold = bounds.fold
     stab.adaptive_clip = on["grad_clip"]
+    stab.quantile = cfg.run.bound_quantile
     return stab
