@@ -139,6 +139,9 @@ class AdaptiveBounds:
         #: Test hook: called as ``fault_hook(bound, x)`` right before a counted clamp checks
         #: ``x`` (fault-injection tests write a NaN there); None in normal use.
         self.fault_hook: Callable[[str, Tensor], None] | None = None
+        #: Rank-consistent mode (:class:`trimtab.distributed.RankConsistent`): called first in
+        #: :meth:`fold`, it refuses to fold measurements not reduced over the ranks; None alone.
+        self.before_fold: Callable[[], None] | None = None
         if sentinel is not None and add_slots:  # the rule reads the slot when the check runs
             for i, b in enumerate(names):
                 rule = Rule.above(self.values[i : i + 1], factor=excursion, name=self.slot_name(b))
@@ -226,6 +229,8 @@ class AdaptiveBounds:
         """End of step: test engagement and fold every bound measured this step into its slot
         (one estimator update for all of them), then clear the step's records. Returns the
         slots' values."""
+        if self.before_fold is not None:
+            self.before_fold()
         took = ~torch.isnan(self._obs)
         self._log[:, 0].add_(torch.where(took, self._counts[:, 0], 0))
         self._log[:, 1].add_(torch.where(took, self._seen, 0))

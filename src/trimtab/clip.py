@@ -5,7 +5,7 @@ adaptive EMA and anchored so that a run of large norms cannot ratchet it up; no 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -124,6 +124,9 @@ class AdaptiveGradClip:
         #: Steps on which each bound clipped (int64 [num_bounds], on the device).
         self.engaged = torch.zeros(self.num_bounds, dtype=torch.int64, device=self.device)
         self._group_index: dict[tuple[int, ...], torch.Tensor] = {}
+        #: Sharded gradients (:meth:`trimtab.distributed.RankConsistent.attach_clip`): sums the
+        #: squared group norms over the ranks in place, before the coefficient; None alone.
+        self.reduce_hook: Callable[[torch.Tensor], None] | None = None
         register(self, "reset", name=f"clip[{prefix}]", what="forget norm history and bound")
 
     @staticmethod
@@ -179,7 +182,14 @@ class AdaptiveGradClip:
         if index is None:
             index = torch.tensor(key, dtype=torch.int64).to(self.device)
             self._group_index[key] = index
-        if self._impl(impl, norms, len(grads)) == "triton":
+        step_impl = impl
+        if self.reduce_hook is not None:  # the reduction sits in the torch step only
+            if impl == "triton":
+                raise ValueError(
+                    "impl='triton' cannot reduce sharded norms over ranks; pass impl=None"
+                )
+            step_impl = "torch"
+        if self._impl(step_impl, norms, len(grads)) == "triton":
             from trimtab.kernels.clip import clip_step_triton
 
             scale = torch.empty_like(norms)
@@ -224,8 +234,12 @@ class AdaptiveGradClip:
         self.nonfinite[0].add_((~finite).sum())
         sq = torch.where(finite, norms, 0.0).square()
         group_norm = torch.zeros(self.num_bounds, device=self.device).index_add_(0, index, sq)
+        if self.reduce_hook is not None:  # each rank holds a shard: the norm of the whole
+            self.reduce_hook(group_norm)
+            total = group_norm.sum().sqrt()
+        else:
+            total = sq.sum().sqrt()
         group_norm = group_norm.sqrt()
-        total = sq.sum().sqrt()
 
         slot = self.bound
         floor = torch.full((), CLIP_BOUND_FLOOR, device=self.device)

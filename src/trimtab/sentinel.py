@@ -110,6 +110,8 @@ class Firing:
     ``step`` counts the checks of ``phase`` made before the firing one (0-based), or for a slot
     fed by :func:`trimtab.guard_`, the earlier guard_ calls on it. ``value`` is max |x| at that
     moment: NaN when any element was NaN, Inf when any was infinite, else the finite maximum.
+    ``rank``: the process that fired first, under :class:`trimtab.distributed.RankConsistent`
+    (None in a one-process run).
     """
 
     name: str
@@ -117,9 +119,12 @@ class Firing:
     step: int
     kind: str
     value: float
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if self.rank is None:
+            del d["rank"]
         if not math.isfinite(self.value):  # strict JSON has no NaN/Infinity
             d["value"] = str(self.value)
         return d
@@ -160,6 +165,9 @@ class Sentinel:
         self._state = SentinelState(torch.device(device) if device is not None else None)
         self._impl = impl
         self._slots: dict[str, _Slot] = {}
+        #: Per slot, the rank whose record it holds (int64 device tensor), written by
+        #: :class:`trimtab.distributed.RankConsistent` when it merges the ranks' records.
+        self.ranks: torch.Tensor | None = None
         register(self, "reset", name="sentinel", what="clear first-fire records and step counters")
 
     # --- building ----------------------------------------------------------------------------
@@ -283,10 +291,12 @@ class Sentinel:
         """The fired slots in order of first firing (syncs: reads the records to the host)."""
         records = self._state.records()
         slots = list(self._slots.values())
+        ranks = None if self.ranks is None else self.ranks.cpu().tolist()
         out = []
         for _, index, step, kind, value in sorted(records, key=lambda r: r[:2]):
             s = slots[index]
-            out.append(Firing(s.name, s.phase, step, KIND_NAMES[kind], value))
+            rank = None if ranks is None else ranks[index]
+            out.append(Firing(s.name, s.phase, step, KIND_NAMES[kind], value, rank))
         return out
 
     def steps(self) -> dict[str, int]:
@@ -311,8 +321,9 @@ class Sentinel:
             return
         f = firings[0]
         others = ", ".join(f"{g.name} ({g.phase}, step {g.step}, {g.kind})" for g in firings[1:])
+        where = "" if f.rank is None else f" on rank {f.rank}"
         raise NonFiniteError(
-            f"sentinel slot {f.name!r} fired first: phase {f.phase!r}, step {f.step}, "
+            f"sentinel slot {f.name!r} fired first{where}: phase {f.phase!r}, step {f.step}, "
             f"kind {f.kind} (max |x| = {f.value:g})"
             + (f"; also fired later: {others}" if others else "")
             + ". Call reset() to clear the flags and continue.",

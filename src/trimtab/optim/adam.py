@@ -7,7 +7,7 @@ every trimtab feature off it is ``torch.optim.AdamW``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -247,6 +247,9 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         self._lr_dev = torch.zeros(num_groups, device=device)
         self._lr_host: list[Any] = [None] * num_groups
         self._consts: dict[Any, torch.Tensor] = {}
+        #: Sharded parameters (:meth:`trimtab.distributed.RankConsistent.attach_optimizer`):
+        #: reduces the step's workspace over the ranks before the finalize; None alone.
+        self.reduce_hook: Callable[[Adam], None] | None = None
         self._init_workspace(num_groups)
         if self.impl == "triton":
             self._init_kernel_state()
@@ -473,6 +476,8 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             all_steps.extend(steps)
         if not all_steps:
             return loss
+        if self.reduce_hook is not None:
+            self.reduce_hook(self)
         if self.impl == "triton" and self._finalize_impl == "triton":
             self._finalize_triton(observed, all_steps, skip)
         else:
