@@ -17,7 +17,6 @@ from trimtab.clip import AdaptiveGradClip
 from trimtab.distributed import RankConsistent
 from trimtab.optim import Adam
 from trimtab.sentinel import Rule, Sentinel
-from trimtab.state import StateVector
 
 STEPS, NAN_RANK, NAN_STEP = 6, 1, 3
 

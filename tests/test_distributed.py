@@ -22,11 +22,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Run the worker on 2 processes once; every test reads their results."""
     tmp = tmp_path_factory.mktemp("dist")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    args = [str(WORLD), str(tmp / "store"), str(tmp)]
+    out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), str(WORLD), str(tmp / "store"), str(tmp)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        subprocess.Popen([sys.executable, str(WORKER), str(r), *args], env=env, **out)
         for r in range(WORLD)
     ]
     # A rank left waiting in a collective would hang here: the timeout turns it into a failure.
@@ -95,7 +94,7 @@ def test_a_missing_sync_is_refused_and_one_process_needs_a_group(tmp_path: Path)
     try:
         rc = RankConsistent().attach(b)
         b.measure("a", torch.randn(100))
-        with pytest.raises(RuntimeError, match="before RankConsistent.sync"):
+        with pytest.raises(RuntimeError, match=r"before RankConsistent\.sync"):
             b.fold()
         rc.sync()
         b.fold()  # synced: folds (world 1: its own measurement)
