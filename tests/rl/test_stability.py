@@ -174,3 +174,22 @@ def test_watched_threshold_keeps_the_folds_largest_scale():
     assert not bool(stab.sentinel.fired())
     stab.state.reset("fold")
     assert torch.isnan(stab.state["grad_trunk_scale"]).all()  # forgotten at a fold boundary
+
+
+def test_bound_quantile_and_clamp_headroom_reach_every_adaptive_bound():
+    """``run.bound_quantile`` sets the quantile of every measured bound (targets, trunk, Adam's
+    weight bound, the gradient clip) and ``run.clamp_headroom`` where the trunk and target
+    clamps bind; the support stays the bound itself. Bad values are refused, naming the key."""
+    learner = _learner(tiny(Path("unused"), bound_quantile=0.999, clamp_headroom=3.0))
+    s = learner.stability
+    assert s.bounds.q == 0.999 and s.bounds.headroom == 3.0
+    assert learner.agent.optimizer.quantile == 0.999 and s.clip.quantile == 0.999
+    batch = random_batch()
+    for _ in range(3):
+        learner.learn(batch)
+    b = s.bounds
+    assert torch.equal(b.clamp_bound("trunk"), 3.0 * b.bound("trunk"))
+    assert torch.equal(s.support()[1][0], b.read("targets"))  # the support has no headroom
+    for key, value in (("bound_quantile", 1.0), ("bound_quantile", 0.2), ("clamp_headroom", 0.9)):
+        with pytest.raises(ValueError, match=key):
+            tiny(Path("unused"), **{key: value})
