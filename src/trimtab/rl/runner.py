@@ -233,6 +233,11 @@ def _train_fold(
             info = learner.learn(replay.sample(cfg.agent.batch_size, generator), replay)
             prog.fold_step += 1
             prog.global_step += 1
+            # check: the sentinel's flag, read on the host every run.check_every steps
+            halted = learner.poll()
+            if halted:
+                _close(bar)
+                return halted
             # log: the one host read, with the sentinel's halt check
             if prog.global_step % cfg.run.log_every == 0:
                 row = _log_row(prog, info, learner, episodes)
@@ -249,6 +254,10 @@ def _train_fold(
                 break
         # checkpoint: between batched env steps, so that a resume starts at one
         if prog.global_step // every > updates_before // every:
+            halted = learner.halt_message()  # no checkpoint holds a step after a fire
+            if halted:
+                _close(bar)
+                return halted
             fold = {"env": adapter.state_dict(), "replay": replay.state_dict(),
                     "generator": generator.get_state(), "obs": obs.cpu(),
                     "episodes": episodes.cpu()}  # fmt: skip
