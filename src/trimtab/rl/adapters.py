@@ -74,6 +74,9 @@ class MarketAdapter:
     """Walk-forward folds: fold k trains a fresh :class:`BatchedTradingEnv` on window k
     (features normalised with window k's statistics) and is evaluated greedily on window k+1."""
 
+    #: the envs live on the run's device: a step can be captured (trimtab.rl.collect)
+    on_device = True
+
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         from trimtab.rl.walkforward import load_market, make_folds
 
@@ -114,6 +117,10 @@ class MarketAdapter:
     def step(self, action: Tensor) -> EnvStep:
         r = self.env.step(action)
         return EnvStep(r.obs, r.reward, r.final_obs, r.terminated, r.truncated, r.episode_return)
+
+    def generators(self) -> list[torch.Generator]:
+        """What a step draws from (episode starts): registered with a captured collection."""
+        return [self.env.generator]
 
     def state_dict(self) -> dict[str, Any]:
         return self.env.state_dict()
@@ -175,6 +182,9 @@ class GymAdapter:
     (including each env's RNG) can be pickled into a checkpoint and a resumed run continues
     exactly where the interrupted one was.
     """
+
+    #: the envs step on the host: collection runs eagerly (trimtab.rl.collect)
+    on_device = False
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         import gymnasium as gym
@@ -241,6 +251,10 @@ class GymAdapter:
             torch.as_tensor(ended, device=dev),
         )  # fmt: skip
 
+    def generators(self) -> list[torch.Generator]:
+        """No device generator: the envs draw from their own numpy generators on the host."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         return {"envs": pickle.dumps(self.envs), "ep_return": self.ep_return.copy(),
                 "finished": list(self.finished)}  # fmt: skip
@@ -294,6 +308,8 @@ class TorchCartPoleAdapter(GymAdapter):
     run's device, so a step moves no data to the host, and the greedy evaluation runs
     ``gym.eval_episodes`` torch envs at once."""
 
+    on_device = True
+
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
         self.env_id = cfg.env.name.removeprefix("gym:")
@@ -319,6 +335,10 @@ class TorchCartPoleAdapter(GymAdapter):
         self._remember(r.episode_return.double(), done)
         trunc = r.truncated & ~r.terminated  # a time limit reached as the pole falls: terminal
         return EnvStep(r.obs, r.reward, r.final_obs, r.terminated, trunc, r.episode_return)
+
+    def generators(self) -> list[torch.Generator]:
+        """What a step draws from (reset states): registered with a captured collection."""
+        return [self.env.generator]
 
     def _remember(self, returns: Tensor, done: Tensor) -> None:
         """Append the returns of the episodes that ended (in env order) to the ring; where more

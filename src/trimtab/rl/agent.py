@@ -224,15 +224,21 @@ class DQNAgent:
         )  # fmt: skip
 
     # --- acting ---------------------------------------------------------------------------
-    def epsilon(self, step: int) -> float:
-        """Linear ε schedule: ``eps_start`` at step 0 to ``eps_end`` at ``eps_decay_steps``."""
+    def epsilon(self, step: int | Tensor) -> float | Tensor:
+        """Linear ε schedule: ``eps_start`` at step 0 to ``eps_end`` at ``eps_decay_steps``.
+        ``step`` a device tensor (a captured loop's clock): ε as a float64 device tensor, the
+        same float64 arithmetic as for an int, so the same value."""
         cfg = self.config
+        if isinstance(step, Tensor):
+            frac_t = (step.double() / cfg.eps_decay_steps).clamp(0.0, 1.0)
+            return (1.0 - frac_t) * cfg.eps_start + frac_t * cfg.eps_end
         frac = min(max(step, 0) / cfg.eps_decay_steps, 1.0)
         return (1.0 - frac) * cfg.eps_start + frac * cfg.eps_end  # exact at both ends
 
     @torch.no_grad()
-    def act(self, obs: Tensor, step: int, greedy: bool = False) -> Tensor:
-        """ε-greedy actions ``[E, D]`` for ``obs [E, obs_dim]``; each branch explores alone."""
+    def act(self, obs: Tensor, step: int | Tensor, greedy: bool = False) -> Tensor:
+        """ε-greedy actions ``[E, D]`` for ``obs [E, obs_dim]``; each branch explores alone.
+        ``step`` (ε's clock, env steps) may be a device tensor: no host read then either."""
         v_min, v_max = self.support_fn()
         z = atoms(v_min, v_max, self.config.n_atoms)
         with self.precision():
