@@ -89,6 +89,11 @@ class Collector:
     # --- the step -------------------------------------------------------------------------
     def step(self, env_steps: int) -> None:
         """One batched env step; ``env_steps``: global env steps before it (ε's clock)."""
+        if self.capture and self.learner.stability.checks.fault is not None:
+            raise RuntimeError(
+                "the fault-injection hook (Checks.fault) counts checks on the host, which a "
+                "captured collection does not re-run: set run.cuda_graph = 'off' to inject faults"
+            )
         if self.graph is not None:
             self.graph.replay()
         elif not self.capture:
@@ -161,5 +166,5 @@ class Collector:
     def load_episodes(self, episodes: Tensor) -> None:
         """Restore :meth:`episodes` (a checkpoint's ``[2]``) into env 0's accumulators."""
         self.clear()
-        self._ep_sum[0] = episodes[0]
-        self._ep_count[0] = episodes[1]
+        self._ep_sum[0].copy_(episodes[0])
+        self._ep_count[0].copy_(episodes[1])

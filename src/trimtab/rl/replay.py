@@ -124,7 +124,21 @@ class ReplayBuffer:
         terminated = terminated.to(self.device, torch.bool)
         if n == 1:  # every step leaves its window at once: store it directly
             self._add_one_step(obs, action, reward, next_obs, terminated)
-            return
+        else:
+            self._add_windows(obs, action, reward, next_obs, terminated, truncated)
+
+    def _add_windows(
+        self,
+        obs: Tensor,
+        action: Tensor,
+        reward: Tensor,
+        next_obs: Tensor,
+        terminated: Tensor,
+        truncated: Tensor,
+    ) -> None:
+        """The n-step path of :meth:`add` (valid for every ``n``; ``n = 1`` takes a shortcut)."""
+        assert self._win is not None and self._win_len is not None
+        n_envs, n = obs.shape[0], self.n_step
         done = terminated | truncated.to(self.device, torch.bool)
 
         # 1. Push this step into each env's window, dropping the slot released last step.

@@ -1,0 +1,169 @@
+"""Collection (act -> env step -> check -> store): the replay's direct n_step = 1 rows, ε on a
+device clock, the episode statistics; on a CUDA device, the captured collection gives the eager
+one's numbers and makes no host synchronisation, and a whole run with it equals one without."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from rl_helpers import tiny
+
+from trimtab.lifecycle import Lifecycle
+from trimtab.rl.adapters import make_adapter
+from trimtab.rl.agent import AgentConfig, DQNAgent
+from trimtab.rl.collect import Collector
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.configio import apply_overrides, from_dict, load_toml
+from trimtab.rl.learner import build_learner
+from trimtab.rl.replay import ReplayBuffer
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "cartpole.toml"
+gpu = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_one_step_rows_are_the_windows_rows_in_ring_order():
+    """n_step = 1 writes each env's step in env order at the ring position, wrapping, with
+    G = r and discount = γ (0 after a termination), and the new rows at the top priority."""
+    g = torch.Generator().manual_seed(0)
+    buf = ReplayBuffer(10, 3, 2, n_step=1, gamma=0.97, prioritized=True)
+    rows = []
+    for _ in range(4):  # 4 x 4 envs into 10 rows: wraps
+        obs, nxt = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+        act, rew = torch.randint(0, 3, (4, 2), generator=g), torch.randn(4, generator=g)
+        term, trunc = torch.rand(4, generator=g) < 0.4, torch.rand(4, generator=g) < 0.3
+        buf.add(obs, act, rew, nxt, term, trunc)
+        rows += [(obs[i], act[i], rew[i], nxt[i], 0.0 if term[i] else 0.97) for i in range(4)]
+    assert int(buf.size) == 10 and int(buf._ptr) == 16 % 10
+    for k, (obs, act, rew, nxt, disc) in enumerate(rows[-10:]):
+        r = (6 + k) % 10  # the last 10 rows written, oldest first, from position 16 % 10
+        assert torch.equal(buf.obs[r], obs) and torch.equal(buf.action[r], act)
+        assert torch.equal(buf.next_obs[r], nxt) and buf.reward[r] == rew
+        assert buf.discount[r] == torch.tensor(disc, dtype=torch.float32)
+    assert torch.equal(buf.priority[:10], torch.ones(10))  # max priority 1 at insertion
+
+
+def test_one_step_rows_equal_the_n_step_path_with_n_1():
+    """The direct path stores what the windows' general path computes with n = 1."""
+    g = torch.Generator().manual_seed(1)
+    direct, general = ReplayBuffer(64, 3, 1, n_step=1), ReplayBuffer(64, 3, 1, n_step=1)
+    for _ in range(17):  # 85 rows into 64: wraps
+        obs, act = torch.randn(5, 3, generator=g), torch.randint(0, 2, (5, 1), generator=g)
+        rew, nxt = torch.randn(5, generator=g), torch.randn(5, 3, generator=g)
+        term, trunc = torch.rand(5, generator=g) < 0.3, torch.rand(5, generator=g) < 0.3
+        direct.add(obs, act, rew, nxt, term, trunc)
+        if general._win is None:
+            general._allocate_windows(5)
+        general._add_windows(obs, act, rew, nxt, term, trunc)
+    for key in ("obs", "action", "reward", "next_obs", "discount"):
+        assert torch.equal(getattr(direct, key), getattr(general, key)), key
+    assert int(direct._ptr) == int(general._ptr) and int(direct.size) == int(general.size)
+
+
+def test_epsilon_and_actions_on_a_device_clock_equal_the_host_clock():
+    cfg = AgentConfig(hidden=8, depth=1, n_atoms=5, eps_decay_steps=1000, eps_end=0.1)
+    a, b = DQNAgent(3, [2, 3], cfg), DQNAgent(3, [2, 3], cfg)
+    for step in (0, 1, 333, 999, 1000, 5000):
+        assert float(a.epsilon(torch.tensor(step))) == a.epsilon(step), step
+    obs = torch.randn(64, 3, generator=torch.Generator().manual_seed(2))
+    for step in (0, 400, 900, 2000):
+        assert torch.equal(a.act(obs, step), b.act(obs, torch.tensor(step))), step
+
+
+def _cartpole_cfg(*overrides: str) -> TrainConfig:
+    sets = ['env.impl="torch"', "gym.learning_starts=100", "run.progress=false", *overrides]
+    return from_dict(TrainConfig, apply_overrides(load_toml(EXAMPLE), sets))
+
+
+def _collector(cfg: TrainConfig, device: str, capture: bool, seed: int = 3):
+    dev = torch.device(device)
+    adapter = make_adapter(cfg, dev)
+    with Lifecycle():
+        learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, dev)
+    replay = learner.agent.make_replay()
+    c = Collector(learner.agent, adapter, learner, replay, cfg.env.reward_scale, capture=capture)
+    c.start(adapter.open_fold(0, seed), 0)
+    return c
+
+
+def test_episode_statistics_sum_the_returns_of_the_episodes_that_ended():
+    c = _collector(_cartpole_cfg("env.n_envs=8"), "cpu", capture=False)
+    env = c.adapter.env
+    returns, steps = [], 0
+    for _ in range(60):
+        before = env.episode_return.clone()
+        c.step(steps)
+        steps += 8
+        ended = env.elapsed == 0  # an episode ended this step and its env was reset
+        returns += (before + 1)[ended].tolist()
+    total, count = c.episodes().tolist()
+    assert count == len(returns) > 8 and total == pytest.approx(sum(returns))
+    assert int(c.replay.size) == 60 * 8 and torch.equal(c.obs, env.state.float())
+    c.clear()
+    assert c.episodes().tolist() == [0.0, 0.0]
+
+
+def test_capture_is_refused_without_a_cuda_device_or_device_envs():
+    cfg = _cartpole_cfg()
+    with pytest.raises(ValueError, match="capture=True needs a CUDA device"):
+        _collector(cfg, "cpu", capture=True)
+
+
+# --- on a CUDA device -------------------------------------------------------------------------
+@pytest.mark.parametrize("env", ["cartpole", "market"])
+@pytest.mark.parametrize("mode", ["adaptive", "off"])
+def test_captured_collection_equals_eager_and_makes_no_host_sync(env, mode, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    if env == "cartpole":
+        cfg = _cartpole_cfg("env.n_envs=64", f'run.stability="{mode}"', 'run.device="cuda"')
+    else:
+        cfg = tiny(tmp_path, device="cuda", stability=mode)
+    runs = {}
+    for capture in (False, True):
+        torch.manual_seed(0)
+        c = _collector(cfg, "cuda", capture)
+        steps = 0
+        for k in range(40):  # 3 warm-up steps, a capture, 36 replays
+            if k == 10:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            c.step(steps)
+            steps += c.n_envs
+        torch.cuda.set_sync_debug_mode("default")
+        assert (c.graph is not None) == capture
+        runs[capture] = {
+            "obs": c.obs, "episodes": c.episodes(), "size": c.replay.size,
+            **{k: getattr(c.replay, k) for k in ("obs", "action", "reward", "next_obs",
+                                                  "discount")},
+            "agent_gen": c.agent.generator.get_state(),
+            "env_gen": c.adapter.env.generator.get_state(),
+            "sentinel": c.learner.stability.sentinel.fired(),
+        }  # fmt: skip
+    for key, eager in runs[False].items():
+        assert torch.equal(runs[True][key].cpu(), eager.cpu()), key
+
+
+@pytest.mark.parametrize("env", ["cartpole", "market"])
+def test_a_run_with_captured_collection_equals_one_without(env, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from trimtab.rl.runner import train
+
+    rows = {}
+    for graph in ("off", "auto"):
+        out = tmp_path / graph
+        if env == "cartpole":
+            cfg = _cartpole_cfg("gym.total_steps=2000", "gym.eval_episodes=4", "run.log_every=20",
+                                'run.device="cuda"', f'run.cuda_graph="{graph}"',
+                                f'run.out="{out}"')  # fmt: skip
+        else:
+            cfg = tiny(out, steps_per_fold=40, device="cuda", cuda_graph=graph)
+        summary = train(cfg)
+        rows[graph] = ((out / "metrics.csv").read_text(), summary.get("eval"),
+                       summary.get("train_return_last100"))  # fmt: skip
+    assert rows["auto"] == rows["off"]
