@@ -167,3 +167,22 @@ def test_a_run_with_captured_collection_equals_one_without(env, tmp_path):
         rows[graph] = ((out / "metrics.csv").read_text(), summary.get("eval"),
                        summary.get("train_return_last100"))  # fmt: skip
     assert rows["auto"] == rows["off"]
+
+
+# --- defaults on a GPU --------------------------------------------------------------------------
+def test_a_cuda_device_scales_the_unset_env_count_and_batch_size():
+    from trimtab.rl.config import CUDA_DEFAULTS, with_device_defaults
+
+    n_envs, batch = CUDA_DEFAULTS["env.n_envs"], CUDA_DEFAULTS["agent.batch_size"]
+    cuda = from_dict(TrainConfig, with_device_defaults({"run": {"device": "cuda"}}))
+    assert (cuda.env.n_envs, cuda.agent.batch_size) == (n_envs, batch)
+    assert (n_envs, batch) != (TrainConfig().env.n_envs, TrainConfig().agent.batch_size)
+    assert with_device_defaults({"run": {"device": "cpu"}}) == {"run": {"device": "cpu"}}
+    given = with_device_defaults({"run": {"device": "cuda:1"}, "env": {"n_envs": 5},
+                                  "agent": {"batch_size": 32}})  # fmt: skip
+    assert given["env"]["n_envs"] == 5 and given["agent"]["batch_size"] == 32
+    # Gymnasium's own envs step on the host: more copies gain nothing, the count is kept
+    host = with_device_defaults({"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1"}})
+    assert "n_envs" not in host["env"] and host["agent"]["batch_size"] == batch
+    torch_env = {"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1", "impl": "torch"}}
+    assert with_device_defaults(torch_env)["env"]["n_envs"] == n_envs

@@ -17,6 +17,7 @@ from trimtab.rl.configio import ConfigError
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "CUDA_DEFAULTS",
     "DEFAULT_CHECK_EVERY",
     "DataConfig",
     "EnvConfig",
@@ -24,6 +25,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "WalkForwardConfig",
+    "with_device_defaults",
 ]
 
 Stability = Literal["adaptive", "fixed", "off"]
@@ -42,6 +44,33 @@ CudaGraph = Literal["auto", "on", "off"]
 #: run.log_every's default, so a default run reads the host no more often than it logs)
 DEFAULT_CHECK_EVERY = 50
 ABLATIONS = ("support", "target_clamp", "trunk_clamp", "grad_clip", "weight_clamp", "decay")
+
+
+#: Defaults that a CUDA device changes (README "Defaults on a GPU"): more envs stepped at once
+#: (where the envs live on the device: the market, env.impl = "torch") and larger batches. A
+#: batched env step and a learn step cost about the same wall time on a GPU at these sizes
+#: (both are launch-bound), so they buy data per second; what they do to the returns per
+#: learn step is measured in benchmarks/results/default_run_h200.json.
+CUDA_DEFAULTS: dict[str, int] = {"env.n_envs": 64, "agent.batch_size": 256}
+
+
+def with_device_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a config as nested tables, before validation) with :data:`CUDA_DEFAULTS` for
+    the keys it leaves unset, when ``run.device`` is a CUDA device; ``env.n_envs`` only where
+    the envs live on the device (host Gymnasium envs gain nothing from more copies)."""
+    run, env = data.get("run", {}), data.get("env", {})
+    if not str(run.get("device", RunConfig.device)).startswith("cuda"):
+        return data
+    on_device = env.get("impl", "gymnasium") == "torch" or not str(
+        env.get("name", "market")
+    ).startswith("gym:")
+    out = {section: dict(table) for section, table in data.items()}
+    for key, value in CUDA_DEFAULTS.items():
+        section, name = key.split(".")
+        if key == "env.n_envs" and not on_device:
+            continue
+        out.setdefault(section, {}).setdefault(name, value)
+    return out
 
 
 def _check(bad: list[str], section: str) -> None:

@@ -97,7 +97,7 @@ class SweepSpec:
     def trials(self, out: Path) -> list[Trial]:
         """Every (cell, seed) trial with its validated config; a bad key or value raises
         :class:`SweepError` naming the cell, before anything is written."""
-        from trimtab.rl.config import TrainConfig
+        from trimtab.rl.config import TrainConfig, with_device_defaults
 
         names = _cell_names(self.cells)
         trials = []
@@ -114,7 +114,7 @@ class SweepSpec:
                     set_key(data, key, value)
                 data.setdefault("run", {}).update(seed=seed, out=str(run_dir), progress=False)
                 try:
-                    cfg = from_dict(TrainConfig, data)
+                    cfg = from_dict(TrainConfig, with_device_defaults(data))
                 except ConfigError as e:
                     where = f"cell {cell_label(cell)}: " if cell else ""
                     raise SweepError(f"{where}{e}") from None
