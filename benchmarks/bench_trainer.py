@@ -9,6 +9,12 @@ step: act, env step, replay insert). A gradient step is sample + loss + backward
 optimizer step + every sentinel check of the mode. The modes' gradient steps are timed
 interleaved (rounds of 50 steps of each mode in turn, the median round per mode), so all three
 see the same machine state. ``guard overhead`` = adaptive / off.
+
+On CUDA every mode is also timed with its learn step captured in a CUDA graph
+(``run.cuda_graph = "on"``: the replay's sample copied into the graph's static batch, one
+replay, the target sync and priorities on the host), interleaved with the eager ones; the JSON's
+``captured`` holds those rows, ``captured_guard_overhead`` their adaptive / off, and
+``capture_s`` the host seconds each capture took (warm-up steps not included).
 """
 
 from __future__ import annotations
@@ -65,8 +71,8 @@ def collect(env: BatchedTradingEnv, agent: DQNAgent, replay: Any, obs: torch.Ten
 
 
 def prepare(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
-    """One mode's agent, warmed up (kernels compiled, tables built, moments allocated), with its
-    environment steps/s measured."""
+    """One mode's agent, warmed up (kernels compiled, tables built, moments allocated, and with
+    ``run.cuda_graph = "on"`` the step captured), with its environment steps/s measured."""
     env, learner, replay = build(cfg, device)
     agent = learner.agent
     gen = torch.Generator(device=device).manual_seed(0)
@@ -91,7 +97,7 @@ def time_updates(m: dict[str, Any], device: torch.device, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def measure_all(cfgs: dict[str, TrainConfig], device: torch.device, steps: int, rounds: int):
+def measure_all(cfgs: dict[Any, TrainConfig], device: torch.device, steps: int, rounds: int):
     """Gradient-step time per mode, the modes interleaved: ``rounds`` rounds, each timing
     ``steps`` steps of every mode in turn, and the median round per mode. Interleaving puts
     every mode under the same machine state (clocks, other load), which drifted by ~20% between
@@ -106,6 +112,9 @@ def measure_all(cfgs: dict[str, TrainConfig], device: torch.device, steps: int, 
         rows[name] = {"env_steps_per_s": m["env_steps_per_s"], "grad_step_ms": ms,
                       "grad_steps_per_s": 1e3 / ms,
                       "round_ms": [round(t * 1e3, 3) for t in m["times"]]}  # fmt: skip
+        graph = m["learner"].graph
+        if graph is not None:
+            rows[name].update(captures=graph.captures, capture_s=graph.capture_seconds)
         if device.type == "cuda":
             rows[name]["sync_free"] = sync_free(
                 m["env"], m["learner"], m["replay"], m["obs"], m["gen"], m["cfg"]
@@ -149,19 +158,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cfg = replace(cfg, agent=replace(cfg.agent, hidden=16, n_tau=2, n_tau_target=2))
         steps = 5
     modes = ("off", "fixed", "adaptive")
-    cfgs = {m: replace(cfg, run=replace(cfg.run, stability=m)) for m in modes}
-    rows = measure_all(cfgs, device, steps, 2 if args.quick else args.rounds)
+    graphs = ("off", "on") if device.type == "cuda" else ("off",)
+    cfgs = {(m, g): replace(cfg, run=replace(cfg.run, stability=m, device=str(device),
+                                             cuda_graph=g))
+            for g in graphs for m in modes}  # fmt: skip
+    measured = measure_all(cfgs, device, steps, 2 if args.quick else args.rounds)
+    rows = {m: measured[(m, "off")] for m in modes}
+    captured = {m: measured[(m, "on")] for m in modes if (m, "on") in measured}
     overhead = rows["adaptive"]["grad_step_ms"] / rows["off"]["grad_step_ms"]
     print(f"trainer throughput on {device} ({'quick' if args.quick else 'default config'})\n")
-    print("| stability | env steps/s | gradient steps/s | ms per gradient step | sync-free |")
-    print("|---|---:|---:|---:|---|")
-    for mode, r in rows.items():
-        print(f"| {mode} | {r['env_steps_per_s']:,.0f} | {r['grad_steps_per_s']:.1f} | "
-              f"{r['grad_step_ms']:.2f} | {r.get('sync_free', 'n/a (CPU)')} |")  # fmt: skip
-    print(f"\nguard overhead (adaptive / off): {overhead:.2f}x")
+    print("| stability | learn step | env steps/s | gradient steps/s | ms per gradient step | "
+          "sync-free |\n|---|---|---:|---:|---:|---|")  # fmt: skip
+    for kind, table in (("eager", rows), ("CUDA graph", captured)):
+        for mode, r in table.items():
+            print(f"| {mode} | {kind} | {r['env_steps_per_s']:,.0f} | {r['grad_steps_per_s']:.1f} "
+                  f"| {r['grad_step_ms']:.3f} | {r.get('sync_free', 'n/a (CPU)')} |")  # fmt: skip
+    print(f"\nguard overhead (adaptive / off), eager: {overhead:.2f}x")
     result = {"benchmark": "trainer", **provenance(device), "quick": args.quick,
               "steps": steps, "rounds": 2 if args.quick else args.rounds, "modes": rows,
               "guard_overhead": overhead}  # fmt: skip
+    if captured:
+        c = captured["adaptive"]["grad_step_ms"] / captured["off"]["grad_step_ms"]
+        print(
+            f"guard overhead (adaptive / off), CUDA graph: {c:.3f}x; adaptive captured "
+            f"{captured['adaptive']['grad_step_ms']:.3f} ms (targets: <= 1.05x, <= 1.5 ms)"
+        )
+        result.update(captured=captured, captured_guard_overhead=c)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
