@@ -1,0 +1,70 @@
+"""The reward-scale benchmark runs end to end in its quick mode (tiny runs), so it cannot rot:
+the units check, the tuned arm's scaled support, the records, table and plots, and the merging
+of partial results from separate calls."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parents[1] / "benchmarks" / "scale.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("scale", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["scale"] = bench  # its dataclass looks its module up there
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_scale_quick_two_calls_merge(tmp_path):
+    bench = _bench()
+    runs = tmp_path / "runs"
+    common = ["--quick", "--scales", "1000", "--runs", str(runs), "--engine", "inline"]
+    a = bench.main(
+        [*common, "--envs", "market", "--arms", "adaptive", "--out", str(tmp_path / "a.json")]
+    )
+    # the market's metrics are the env's own: x1 and x1024 with a support scaled alike agree
+    check = a["units_check"]["market"]
+    assert check["equal"] and check["values"]["x1"]["total_return"]
+    [rec] = a["records"]
+    assert rec["env"] == "market" and rec["status"] == "done" and rec["commit"]
+    summary = json.loads((Path(rec["run_dir"]) / "summary.json").read_text())
+    assert rec["fold_sharpe"] == [f["sharpe"] for f in summary["folds"]]
+    b = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
+                    "--out", str(tmp_path / "b.json")])  # fmt: skip
+    [rec] = b["records"]
+    cfg = (Path(rec["run_dir"]) / "config.toml").read_text()
+    assert 'stability = "fixed"' in cfg and "v_max = 100000.0" in cfg  # ±100 x 1000
+    assert "reward_scale = 1000.0" in cfg
+    out = tmp_path / "merged.json"
+    doc = bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                      "--out", str(out)])  # fmt: skip
+    assert {(r["env"], r["arm"]) for r in doc["records"]} == {("market", "adaptive"),
+                                                              ("cartpole", "tuned")}  # fmt: skip
+    assert doc["units_check"]["market"]["equal"]
+    assert "| tuned | " in out.with_suffix(".md").read_text()
+    assert sorted(Path(p).name for p in doc["plots"]) == ["merged_cartpole.png",
+                                                          "merged_market.png"]  # fmt: skip
+    # a rerun reads finished trials back instead of training them again
+    again = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
+                        "--out", str(out)])  # fmt: skip
+    assert len(again["records"]) == 2  # merged into the existing file
+    [reread] = [r for r in again["records"] if r["env"] == "cartpole"]
+    assert reread["value"] == rec["value"] and reread["seconds"] < 1.0
+
+
+def test_merge_keeps_a_result_over_a_later_unfinished_record():
+    bench = _bench()
+    done = {"env": "cartpole", "arm": "off", "scale": 1.0, "seed": 1, "steps": "s",
+            "status": "done", "value": 500.0}  # fmt: skip
+    late = {**done, "status": "incomplete", "value": None}
+    newer = {**done, "value": 480.0}
+    assert bench.merge_records([done], [late]) == [done]
+    assert bench.merge_records([done], [late], [newer]) == [newer]
+    cells = bench.aggregate([done, {**newer, "seed": 2}, {**done, "seed": 3, "value": 490.0}])
+    [c] = cells
+    assert c["n"] == 3 and c["mean"] == 490.0 and abs(c["se"] - 10 / 3**0.5) < 1e-9
