@@ -106,7 +106,8 @@ class RankConsistent:
             elif isinstance(part, Sentinel):
                 if part.ranks is not None:
                     raise ValueError(f"{part!r} is already attached to a RankConsistent")
-                part.ranks = torch.zeros(len(part.names), dtype=torch.int64, device=_device(part))
+                part.ranks = torch.full((len(part.names),), -1, dtype=torch.int64,
+                                        device=_device(part))  # fmt: skip
                 self._sentinels.append(part)
             else:
                 raise TypeError(
@@ -169,7 +170,7 @@ class RankConsistent:
         for b in self._bounds:
             rows.append(_pack_bounds(b))
         for s in self._sentinels:
-            rows.append(_pack_sentinel(s))
+            rows.append(_pack_sentinel(s, self.rank))
         if self._views:
             rows.append(torch.cat([v.detach().reshape(-1).double() for v in self._views]))
         if not rows:
@@ -185,7 +186,7 @@ class RankConsistent:
             self._pending[id(b)] = True
             at += width
         for s in self._sentinels:
-            width = 4 * len(s.names)
+            width = SENTINEL_WIDTH * len(s.names)
             _merge_sentinel(s, gathered[:, at : at + width])
             at += width
         if self._views:
@@ -204,12 +205,12 @@ class RankConsistent:
         outside the step (a fire in the env phase since the last :meth:`sync`)."""
         if not self._sentinels:
             return
-        rows = [_pack_sentinel(s) for s in self._sentinels]
+        rows = [_pack_sentinel(s, self.rank) for s in self._sentinels]
         device = rows[0].device
         gathered = gather_rows(torch.cat([r.to(device) for r in rows]), self.group)
         at = 0
         for s in self._sentinels:
-            width = 4 * len(s.names)
+            width = SENTINEL_WIDTH * len(s.names)
             _merge_sentinel(s, gathered[:, at : at + width])
             at += width
 
@@ -262,24 +263,39 @@ def _unpack_bounds(b: AdaptiveBounds, cols: Tensor) -> None:
     _exceedances(b).copy_(total[:, 3].to(torch.int64))  # a view of _counts[:, 0]: the same
 
 
-# --- Sentinel: [4 per slot] = (check number, step, kind, value) ------------------------------
-def _pack_sentinel(s: Sentinel) -> Tensor:
+# --- Sentinel: [5 per slot] = (check number, step, kind, value, origin rank) ----------------
+# A record merged earlier keeps the rank it came from (Sentinel.ranks, -1: not from a merge);
+# a fire since the last merge is this rank's own.
+SENTINEL_WIDTH = 5
+
+
+def _origins(s: Sentinel, rank: int) -> Tensor:
+    n = len(s.names)
+    if s.ranks is None or s.ranks.numel() != n:  # slots added since attach
+        s.ranks = torch.full((n,), -1, dtype=torch.int64, device=_device(s))
+    return torch.where(s.ranks >= 0, s.ranks, rank)
+
+
+def _pack_sentinel(s: Sentinel, rank: int) -> Tensor:
     t = s._state.materialize()
     rec, value = t["rec"], t["value"]
-    return torch.stack([rec[0].double(), rec[1].double(), rec[2].double(), value], 1).reshape(-1)
+    cols = [rec[0].double(), rec[1].double(), rec[2].double(), value, _origins(s, rank).double()]
+    return torch.stack(cols, 1).reshape(-1)
 
 
 def _merge_sentinel(s: Sentinel, cols: Tensor) -> None:
     t = s._state.materialize()
-    g = cols.reshape(cols.shape[0], len(s.names), 4)
-    order = torch.where(g[:, :, 0] > 0, g[:, :, 0], math.inf)  # never fired: last
-    first = order.argmin(dim=0)  # the earliest check; the lowest rank among equals
-    pick = g.gather(0, first.reshape(1, -1, 1).expand(1, -1, 4)).squeeze(0)
+    world = cols.shape[0]
+    g = cols.reshape(world, len(s.names), SENTINEL_WIDTH)
+    fired = g[:, :, 0] > 0
+    # the earliest check first, then the lowest origin rank; never fired: last
+    order = torch.where(fired, g[:, :, 0] * world + g[:, :, 4], math.inf)
+    first = order.argmin(dim=0)
+    pick = g.gather(0, first.reshape(1, -1, 1).expand(1, -1, SENTINEL_WIDTH)).squeeze(0)
     t["rec"].copy_(pick[:, :3].t().to(torch.int64))
     t["value"].copy_(pick[:, 3])
-    if s.ranks is None or s.ranks.numel() != first.numel():  # slots added since attach
-        s.ranks = torch.zeros_like(first)
-    s.ranks.copy_(first)
+    assert s.ranks is not None  # set by _origins when packing
+    s.ranks.copy_(torch.where(pick[:, 0] > 0, pick[:, 4].to(torch.int64), -1))
 
 
 # --- trimtab.optim.Adam under sharding --------------------------------------------------------

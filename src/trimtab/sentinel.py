@@ -165,8 +165,9 @@ class Sentinel:
         self._state = SentinelState(torch.device(device) if device is not None else None)
         self._impl = impl
         self._slots: dict[str, _Slot] = {}
-        #: Per slot, the rank whose record it holds (int64 device tensor), written by
-        #: :class:`trimtab.distributed.RankConsistent` when it merges the ranks' records.
+        #: Per slot, the rank whose record it holds (int64 device tensor; -1: a record not
+        #: merged yet), written by :class:`trimtab.distributed.RankConsistent` when it merges
+        #: the ranks' records.
         self.ranks: torch.Tensor | None = None
         register(self, "reset", name="sentinel", what="clear first-fire records and step counters")
 
@@ -295,7 +296,7 @@ class Sentinel:
         out = []
         for _, index, step, kind, value in sorted(records, key=lambda r: r[:2]):
             s = slots[index]
-            rank = None if ranks is None else ranks[index]
+            rank = None if ranks is None or ranks[index] < 0 else ranks[index]
             out.append(Firing(s.name, s.phase, step, KIND_NAMES[kind], value, rank))
         return out
 
@@ -333,6 +334,8 @@ class Sentinel:
     def reset(self) -> None:
         """Clear every record and step counter (a fold boundary); no sync, capturable."""
         self._state.reset()
+        if self.ranks is not None:
+            self.ranks.fill_(-1)
 
     #: The device tensors that hold what the sentinel has seen (the rest is its wiring).
     _RECORDS = ("rec", "value", "counters", "guard_steps")

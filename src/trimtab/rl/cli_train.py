@@ -65,6 +65,12 @@ def add_commands(sub: Any) -> None:
         help="continue an interrupted run (or RUN_DIR/checkpoints/fold_K.pt: after fold K)",
     )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--dist-backend",
+        choices=["gloo", "nccl"],
+        help="under torchrun with several processes: the torch.distributed backend (default: "
+        "nccl on cuda, gloo on the cpu)",
+    )
     p.set_defaults(func=cmd_train)  # fmt: skip
 
     r = sub.add_parser("report", help="rebuild report.html and the plots of a run directory")
@@ -85,7 +91,7 @@ def add_commands(sub: Any) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from trimtab.rl.config import TrainConfig
+    from trimtab.rl.config import TrainConfig, with_device_defaults
 
     data: dict[str, Any] = load_toml(args.config) if args.config else {}
     flags = {
@@ -105,7 +111,7 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.no_progress:
         data.setdefault("run", {})["progress"] = False
     data = apply_overrides(data, args.overrides)
-    return from_dict(TrainConfig, data)
+    return from_dict(TrainConfig, with_device_defaults(data))  # more envs, batches on CUDA
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -133,9 +139,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = build_config(args)
         resume, checkpoint = False, None
+    from trimtab.rl.ddp import Ranks, world_size_from_env
     from trimtab.rl.train import train
 
-    summary = train(cfg, resume=resume, checkpoint=checkpoint)
+    ranks = None
+    if world_size_from_env() > 1:  # torchrun --nproc-per-node N: DDP, one learner per rank
+        ranks = Ranks.init(cfg.run.device, args.dist_backend)
+        cfg = ranks.config(cfg)
+    elif args.dist_backend:
+        raise ConfigError(
+            "--dist-backend is for runs launched by torchrun with several processes "
+            "(`torchrun --nproc-per-node N -m trimtab train ...`); drop it for one process"
+        )
+    try:
+        summary = train(cfg, resume=resume, checkpoint=checkpoint, ranks=ranks)
+    finally:
+        if ranks is not None:
+            ranks.close()
+    if ranks is not None and not ranks.is_main:
+        return 0
     if cfg.env.name.startswith("gym:"):
         print(json.dumps(summary["eval"], indent=2))
     else:

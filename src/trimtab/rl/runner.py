@@ -20,7 +20,9 @@ import torch
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.adapters import FoldPlan, make_adapter
+from trimtab.rl.collect import Collector
 from trimtab.rl.config import TrainConfig
+from trimtab.rl.ddp import NullLog, Ranks, fold_state_for
 from trimtab.rl.learner import Learner, build_learner
 from trimtab.rl.report import build_report, run_identity
 from trimtab.rl.rundir import (
@@ -51,6 +53,12 @@ def fold_seeds(seed: int, fold: int) -> tuple[int, int]:
     return seed * 1009 + fold, seed * 7919 + fold
 
 
+def captures_collection(cfg: TrainConfig, adapter: Any, device: torch.device) -> bool:
+    """Whether a fold's collection is captured in a CUDA graph: on a CUDA device, with envs
+    that live there (market, ``env.impl = "torch"``), unless ``run.cuda_graph = "off"``."""
+    return cfg.run.cuda_graph != "off" and device.type == "cuda" and adapter.on_device
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -58,8 +66,12 @@ def train(
     checkpoint: str | Path | None = None,
     stop_after: int | None = None,
     setup: Callable[[Learner], None] | None = None,
+    ranks: Ranks | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a training run on ``cfg.env.name``; returns the summary written to disk.
+
+    ``ranks``: this process's place in a multi-process run (:mod:`trimtab.rl.ddp`; ``cfg`` is
+    then :meth:`Ranks.config`'s): DDP on the agent, rank 0 alone writes the run directory.
 
     ``resume`` continues from ``checkpoint`` (default ``RUN_DIR/checkpoints/last.pt``; a fold
     checkpoint of the same run restarts after that fold); a run stopped before its first
@@ -70,14 +82,17 @@ def train(
     """
     if not cfg.run.out:
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
+    if ranks is not None:  # rank 0's default name (it holds the time) for every rank
+        cfg = replace(cfg, run=replace(cfg.run, out=ranks.out(cfg.run.out)))
     device = resolve_device(cfg.run.device)
     torch.set_num_threads(cfg.run.threads)
     adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
     for warning in adapter.summary([]).get("data_warnings", []):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    run_dir, lock = prepare_run_dir(cfg, resume)  # locked until this run ends
+    # locked until this run ends (several processes: by rank 0)
+    run_dir, lock = prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
     try:
-        return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup)
+        return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks)
     except KeyboardInterrupt as e:  # before the loop (setting up): say where, and what next
         if isinstance(e, RunInterrupted):
             raise
@@ -98,11 +113,15 @@ def _run(
     checkpoint: str | Path | None,
     stop_after: int | None,
     setup: Callable[[Learner], None] | None,
+    ranks: Ranks | None,
 ) -> dict[str, Any]:
+    main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
     torch.manual_seed(cfg.run.seed)
     with Lifecycle() as life:
         learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
+    if ranks is not None:
+        ranks.wrap(learner)  # DDP on the agent; bounds and flags reduced over the ranks
     if setup is not None:
         setup(learner)
     prog, fold_state = Progress(), None
@@ -111,16 +130,19 @@ def _run(
         print(f"{run_dir} has no checkpoint yet: starting it over", file=sys.stderr, flush=True)
     elif resume:
         prog, fold_state = load_checkpoint(run_dir, learner, path)
+        fold_state = fold_state_for(fold_state, ranks, path or "last.pt")  # this rank's part
         if prog.fold >= adapter.n_folds:  # nothing to do: write nothing
             summary_path = run_dir / "summary.json"
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
             print(f"{run_dir} is a finished run ({prog.fold} folds, {prog.global_step} steps); "
                   "nothing to resume, nothing changed", flush=True)  # fmt: skip
             return {**summary, "run_dir": str(run_dir), "folds": prog.fold_rows}
-    log = MetricsLog(run_dir, purge_step=prog.global_step if resume else None)  # 0: all rows
-    with (run_dir / "run.log").open("a") as fh:
-        fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
-        fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
+    purge = prog.global_step if resume else None  # 0: all rows
+    log = MetricsLog(run_dir, purge_step=purge) if main else NullLog()
+    if main:
+        with (run_dir / "run.log").open("a") as fh:
+            fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
+            fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
     halted: str | None = None
     try:
         while prog.fold < adapter.n_folds:
@@ -128,7 +150,7 @@ def _run(
                 life.fold_boundary()  # moments, target nets, slots, sentinel: all together
             plan = adapter.plan(prog.fold)
             halted = _train_fold(cfg, adapter, plan, learner, prog, log, run_dir, fold_state,
-                                 stop_after)  # fmt: skip
+                                 stop_after, ranks)  # fmt: skip
             fold_state = None
             if halted:
                 break
@@ -136,13 +158,14 @@ def _run(
             row, curves = adapter.evaluate(learner.agent, plan.index)
             row.update(steps=prog.fold_step, nonfinite=learner.nonfinite_count())
             prog.fold_rows.append(row)
-            if curves is not None:
+            if curves is not None and main:
                 write_fold_curve(run_dir, plan.index, curves)
-            _print_fold(row, cfg.run.progress)
+            _print_fold(row, cfg.run.progress and main)
             prog.fold += 1
             prog.fold_step = prog.env_steps = 0
-            save_checkpoint(run_dir, cfg, learner, prog,
-                            normalizer=adapter.normalizer_state(), fold_end=plan.index)  # fmt: skip
+            if main:
+                save_checkpoint(run_dir, cfg, learner, prog, fold_end=plan.index,
+                                normalizer=adapter.normalizer_state())  # fmt: skip
     except KeyboardInterrupt:
         redo = prog.global_step - prog.saved_step
         raise RunInterrupted(
@@ -173,9 +196,12 @@ def _run(
         "fold_boundary": life.describe(),
         **adapter.summary(prog.fold_rows),
     }
-    ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
-    ckpt.atomic_write_json(run_dir / "summary.json", summary)
-    build_report(run_dir)
+    if ranks is not None:  # env steps and updates above are per rank (rank 0's envs)
+        summary["world_size"] = ranks.world_size
+    if main:
+        ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
+        ckpt.atomic_write_json(run_dir / "summary.json", summary)
+        build_report(run_dir)
     if halted:
         raise TrainingHalted(halted)
     return summary
@@ -191,6 +217,7 @@ def _train_fold(
     run_dir: Path,
     fold_state: dict[str, Any] | None,
     stop_after: int | None,
+    ranks: Ranks | None = None,
 ) -> str | None:
     """Train one fold to its plan; returns the sentinel's halt message, if it fired."""
     agent, device = learner.agent, torch.device(cfg.run.device)
@@ -198,30 +225,24 @@ def _train_fold(
     obs = adapter.open_fold(plan.index, env_seed)
     replay = agent.make_replay()  # a fresh buffer per fold (market features are renormalised)
     generator = torch.Generator(device=device).manual_seed(sample_seed)
-    # episodes finished since the last metrics row: returns summed, and counted (no host read)
-    episodes = torch.zeros(2, dtype=torch.float64, device=device)
+    # act -> env step -> check -> store, one batched env step per call: captured in a CUDA graph
+    # where the envs live on a CUDA device (trimtab.rl.collect)
+    collector = Collector(agent, adapter, learner, replay, cfg.env.reward_scale,
+                          capture=captures_collection(cfg, adapter, device))  # fmt: skip
     if fold_state is not None:  # resume mid-fold exactly where the checkpoint was written
         adapter.load_state_dict(fold_state["env"])
         replay.load_state_dict(fold_state["replay"])
         generator.set_state(fold_state["generator"])
         obs = fold_state["obs"].to(device)
-        episodes.copy_(fold_state["episodes"])
-    bar = _bar(cfg, plan, prog.fold_step)
+        collector.load_episodes(fold_state["episodes"])
+    collector.start(obs, prog.global_env_steps)
+    main = ranks is None or ranks.is_main
+    bar = _bar(cfg, plan, prog.fold_step) if main else None
     every = cfg.run.checkpoint_every
     while not plan.done(prog.fold_step, prog.env_steps):
-        # act: one ε-greedy action per env and branch (ε counts env steps summed over envs)
-        action = agent.act(obs, prog.global_env_steps)
-        # env step
-        step = adapter.step(action)
-        # check: the sentinel sees what the env returned before anything consumes it
-        learner.see_env(step.obs, step.reward, step.final_obs)
-        # scale reward: training rewards only; episode returns and metrics stay unscaled
-        reward = step.reward * cfg.env.reward_scale
-        # store: n-step transitions into replay, from the true successor at episode ends
-        replay.add(obs, action, reward, step.final_obs, step.terminated, step.truncated)
-        obs = step.obs
-        ended = (step.terminated | step.truncated).double()
-        episodes += torch.stack([(step.episode_return.double() * ended).sum(), ended.sum()])
+        # collect: act (ε-greedy), env step, sentinel check of what the env returned, store in
+        # replay (rewards scaled by env.reward_scale; episode returns stay unscaled)
+        collector.step(prog.global_env_steps)
         before = prog.env_steps
         prog.env_steps += adapter.n_envs
         prog.global_env_steps += adapter.n_envs
@@ -240,8 +261,8 @@ def _train_fold(
                 return halted
             # log: the one host read, with the sentinel's halt check
             if prog.global_step % cfg.run.log_every == 0:
-                row = _log_row(prog, info, learner, episodes)
-                episodes.zero_()
+                row = _log_row(prog, info, learner, collector.episodes())
+                collector.clear()
                 log.write(row)
                 halted = learner.halt_message()
                 if halted:
@@ -259,9 +280,12 @@ def _train_fold(
                 _close(bar)
                 return halted
             fold = {"env": adapter.state_dict(), "replay": replay.state_dict(),
-                    "generator": generator.get_state(), "obs": obs.cpu(),
-                    "episodes": episodes.cpu()}  # fmt: skip
-            save_checkpoint(run_dir, cfg, learner, prog, fold_state=fold)
+                    "generator": generator.get_state(), "obs": collector.obs.cpu(),
+                    "episodes": collector.episodes().cpu()}  # fmt: skip
+            if ranks is not None:  # every rank's, on rank 0 (each resumes its own)
+                fold = ranks.gather_fold_state(fold, learner)
+            if main:
+                save_checkpoint(run_dir, cfg, learner, prog, fold_state=fold)
         if stop_after is not None and prog.global_step >= stop_after:
             _close(bar)
             raise TrainingInterrupted(f"stopped after {prog.global_step} steps (test hook)")
