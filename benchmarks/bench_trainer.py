@@ -114,12 +114,26 @@ def measure_all(cfgs: dict[Any, TrainConfig], device: torch.device, steps: int, 
                       "round_ms": [round(t * 1e3, 3) for t in m["times"]]}  # fmt: skip
         graph = m["learner"].graph
         if graph is not None:
-            rows[name].update(captures=graph.captures, capture_s=graph.capture_seconds)
+            rows[name].update(captures=graph.captures, capture_s=graph.capture_seconds,
+                              replay_ms=replay_ms(graph.graph, steps))  # fmt: skip
         if device.type == "cuda":
             rows[name]["sync_free"] = sync_free(
                 m["env"], m["learner"], m["replay"], m["obs"], m["gen"], m["cfg"]
             )
     return rows
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, n: int) -> float:
+    """The captured step's graph alone, replayed ``n`` times back to back on its last batch:
+    the GPU's time per step (the gradient step's time less the host's sample and copy)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
 
 
 def sync_free(env, learner, replay, obs, gen, cfg) -> str:

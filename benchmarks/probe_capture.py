@@ -24,7 +24,9 @@ from trimtab.rl.learner import build_learner
 
 def probe(mode: str, steps: int = 5) -> dict:
     cfg = TrainConfig()
-    cfg = replace(cfg, run=replace(cfg.run, stability=mode, device="cuda"))
+    # cuda_graph off: this probe captures the eager step itself (the trainer's own capture is
+    # trimtab.rl.graphed, tested in tests/rl/test_learner_gpu.py)
+    cfg = replace(cfg, run=replace(cfg.run, stability=mode, device="cuda", cuda_graph="off"))
     dev = torch.device("cuda")
     with Lifecycle():
         learner = build_learner(cfg, 32, [3, 3, 3, 3], dev)

@@ -57,7 +57,9 @@ class _Count(TorchDispatchMode):
 def _warm(mode: str, device: torch.device) -> Callable[[], None]:
     """One gradient step of the default config in ``mode``, warmed up as bench_trainer does."""
     cfg = TrainConfig()
-    m = bench_trainer.prepare(replace(cfg, run=replace(cfg.run, stability=mode)), device)
+    # eager (cuda_graph off): the launches a captured step's graph holds, counted one by one
+    run = replace(cfg.run, stability=mode, cuda_graph="off")
+    m = bench_trainer.prepare(replace(cfg, run=run), device)
     learner, replay, gen = m["learner"], m["replay"], m["gen"]
     return lambda: learner.learn(replay.sample(cfg.agent.batch_size, gen), replay)
 
