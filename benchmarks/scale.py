@@ -65,7 +65,7 @@ class Trial:
 
     @property
     def cell(self) -> str:
-        return f"{self.arm}-x{self.scale:g}"
+        return f"{self.arm}-x{self.scale:g}".replace(" ", "").replace("(", "-").replace(")", "")
 
     @property
     def key(self) -> tuple:
@@ -136,15 +136,17 @@ def build_trials(args: argparse.Namespace) -> list[Trial]:
         v = support_of(base)
         for scale in args.scales:
             for arm in args.arms:
+                label = f"{arm} ({args.variant})" if args.variant else arm
                 for seed in args.seeds:
-                    run_dir = args.runs / env / f"{arm}-x{scale:g}" / f"seed{seed}"
+                    trial = Trial(env, label, float(scale), seed, None, Path())
+                    run_dir = args.runs / env / trial.cell / f"seed{seed}"
                     data = cell_data(base, arm, scale, v)
                     data["run"].update(seed=seed, out=str(run_dir))
                     try:
                         cfg = from_dict(TrainConfig, data)
                     except (ConfigError, ValueError) as e:
                         raise SystemExit(f"{env} {arm} x{scale:g}: {e}") from None
-                    trials.append(Trial(env, arm, float(scale), seed, cfg, run_dir))
+                    trials.append(Trial(env, label, float(scale), seed, cfg, run_dir))
     return trials
 
 
@@ -152,7 +154,10 @@ def build_trials(args: argparse.Namespace) -> list[Trial]:
 def record(t: Trial, status: str, summary: dict | None, seconds: float, error: str = "") -> dict:
     rec = {"env": t.env, "arm": t.arm, "scale": t.scale, "seed": t.seed,
            "steps": steps_key(t.cfg), "run_dir": str(t.run_dir), "status": status,
-           "seconds": round(seconds, 1), **provenance(t.cfg.run.device)}  # fmt: skip
+           "seconds": round(seconds, 1), **provenance(t.cfg.run.device),
+           "config": {"bound_quantile": t.cfg.run.bound_quantile,
+                      "clamp_headroom": t.cfg.run.clamp_headroom, "ablate": list(t.cfg.run.ablate),
+                      "v_max": t.cfg.agent.v_max, "device": t.cfg.run.device}}  # fmt: skip
     if error:
         rec["error"] = error[-2000:]
     if not summary:
@@ -349,9 +354,14 @@ def merge_records(*lists: list[dict]) -> list[dict]:
             if old is not None and old.get("value") is not None and r.get("value") is None:
                 continue
             out[k] = r
-    order = {a: i for i, a in enumerate(ARMS)}
-    return sorted(out.values(), key=lambda r: (r["env"], r["steps"], order.get(r["arm"], 9),
+    return sorted(out.values(), key=lambda r: (r["env"], r["steps"], _arm_order(r["arm"]),
                                                 float(r["scale"]), r["seed"]))  # fmt: skip
+
+
+def _arm_order(label: str) -> tuple[int, str]:
+    """The arms in ARMS order, each variant (``ARM (VARIANT)``) after its plain arm."""
+    arm = label.split(" (")[0]
+    return (ARMS.index(arm) if arm in ARMS else len(ARMS), label)
 
 
 def _mean_se(v: list[float]) -> tuple[float | None, float | None]:
@@ -392,7 +402,7 @@ def markdown(cells: list[dict]) -> str:
     for env, steps in sorted({(c["env"], c["steps"]) for c in cells}):
         mine = [c for c in cells if c["env"] == env and c["steps"] == steps]
         scales = sorted({c["scale"] for c in mine})
-        arms = [a for a in ARMS if any(c["arm"] == a for c in mine)]
+        arms = sorted({c["arm"] for c in mine}, key=_arm_order)
         lines += [f"**{env}**, {steps}: {METRIC[env]}, mean ± s.e. over seeds (n seeds)", "",
                   "| arm | " + " | ".join(f"×{s:g}" for s in scales) + " |",
                   "|---|" + "---:|" * len(scales)]  # fmt: skip
@@ -415,7 +425,7 @@ def plot(cells: list[dict], path_for: Any) -> list[str]:
         if not mine:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        arms = [a for a in ARMS if any(c["arm"] == a for c in mine)]
+        arms = sorted({c["arm"] for c in mine}, key=_arm_order)
         for i, a in enumerate(arms):
             row = sorted((c for c in mine if c["arm"] == a), key=lambda c: c["scale"])
             shift = 1.0 + 0.06 * (i - (len(arms) - 1) / 2)  # side by side on the log axis
@@ -475,6 +485,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help=f"JSON (default {DEFAULT_OUT})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="[ENV:]KEY=VALUE",
                    help="override a config key of every trial (or of one env's)")  # fmt: skip
+    p.add_argument(
+        "--variant",
+        default="",
+        metavar="NAME",
+        help="name the --set overrides: arms become 'ARM (NAME)' in the records, "
+        "table and plot (and their run directories), so variants share one JSON",
+    )
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="merge these partial results into --out (no training)")  # fmt: skip
     p.add_argument("--no-units-check", action="store_true", help="skip the units check")

@@ -35,22 +35,25 @@ def test_scale_quick_two_calls_merge(tmp_path):
     summary = json.loads((Path(rec["run_dir"]) / "summary.json").read_text())
     assert rec["fold_sharpe"] == [f["sharpe"] for f in summary["folds"]]
     b = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
+                    "--variant", "h2", "--set", "run.clamp_headroom=2.0",
                     "--out", str(tmp_path / "b.json")])  # fmt: skip
     [rec] = b["records"]
+    assert rec["arm"] == "tuned (h2)" and rec["config"]["clamp_headroom"] == 2.0
     cfg = (Path(rec["run_dir"]) / "config.toml").read_text()
     assert 'stability = "fixed"' in cfg and "v_max = 100000.0" in cfg  # ±100 x 1000
     assert "reward_scale = 1000.0" in cfg
     out = tmp_path / "merged.json"
     doc = bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                       "--out", str(out)])  # fmt: skip
-    assert {(r["env"], r["arm"]) for r in doc["records"]} == {("market", "adaptive"),
-                                                              ("cartpole", "tuned")}  # fmt: skip
+    arms = {(r["env"], r["arm"]) for r in doc["records"]}
+    assert arms == {("market", "adaptive"), ("cartpole", "tuned (h2)")}
     assert doc["units_check"]["market"]["equal"]
-    assert "| tuned | " in out.with_suffix(".md").read_text()
+    assert "| tuned (h2) | " in out.with_suffix(".md").read_text()
     assert sorted(Path(p).name for p in doc["plots"]) == ["merged_cartpole.png",
                                                           "merged_market.png"]  # fmt: skip
     # a rerun reads finished trials back instead of training them again
     again = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
+                        "--variant", "h2", "--set", "run.clamp_headroom=2.0",
                         "--out", str(out)])  # fmt: skip
     assert len(again["records"]) == 2  # merged into the existing file
     [reread] = [r for r in again["records"] if r["env"] == "cartpole"]
