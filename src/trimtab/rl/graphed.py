@@ -20,7 +20,7 @@ from torch import Tensor
 from trimtab.kernels._table import keep_host_copies
 from trimtab.lifecycle import register
 
-__all__ = ["WARMUP_STEPS", "CapturedStep"]
+__all__ = ["WARMUP_STEPS", "Beside", "CapturedStep"]
 
 #: Eager steps on a side stream before the capture: lazily built state (optimizer moments, the
 #: sentinel's pointer tables of persistent buffers, Triton specialisations, the moments' slots
@@ -136,3 +136,38 @@ class CapturedStep:
         """Forget the graph (the next :attr:`warmup` calls run eagerly, then it recaptures)."""
         self.graph, self.static, self.out, self._keep = None, {}, {}, []
         self.warm = 0
+
+
+class Beside:
+    """Work that nothing later in the step reads, run on a second CUDA stream beside what
+    follows until :meth:`join` (a fork and a join: captured, two branches of the graph that the
+    GPU runs at once). On the CPU, or with ``enabled`` False, plain sequential code. No host
+    sync: the streams wait on each other's events on the device.
+
+    Use::
+
+        with beside:
+            independent_work()
+        other_work()
+        beside.join()
+    """
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
+        self._ctx: torch.cuda.StreamContext | None = None
+
+    def __enter__(self) -> Beside:
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            self._ctx = torch.cuda.stream(self.stream)
+            self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            ctx.__exit__(*exc)
+
+    def join(self) -> None:
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)

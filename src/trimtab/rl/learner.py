@@ -14,7 +14,7 @@ from trimtab.nonfinite import NonFinitePolicy
 from trimtab.rl.agent import DQNAgent
 from trimtab.rl.config import AUTOCAST_DTYPES, DEFAULT_CHECK_EVERY, RunConfig, TrainConfig
 from trimtab.rl.configio import ConfigError
-from trimtab.rl.graphed import CapturedStep
+from trimtab.rl.graphed import Beside, CapturedStep
 from trimtab.rl.losses import atoms
 from trimtab.rl.replay import ReplayBuffer
 from trimtab.rl.stability import Stability, build_stability
@@ -46,6 +46,9 @@ class Learner:
         self.agent, self.stability, self.policy = agent, stability, policy
         self.params = list(agent.online.parameters())
         self.check_every = check_every
+        #: the bounds' end-of-step fold runs on a second stream beside the sentinel's
+        #: optimizer-phase check (CUDA, modes with measured bounds; the others fold nothing)
+        self.beside = Beside(agent.device, enabled=stability.bounds is not None)
         #: the captured step (None: eager), built inside the run's Lifecycle so that its
         #: fold-boundary check runs after every reset
         self.graph = (
@@ -105,8 +108,10 @@ class Learner:
             info["grad_norm"] = s.clip(self.params)  # stability: gradient clip
         self.policy.step()  # stability: the optimizer step honours found_inf under "skip"
         s.after_step()  # stability: fixed mode's weight clamp
+        with self.beside:  # on CUDA beside the check below (they touch disjoint state)
+            s.fold()  # stability: fold every bound measured this step, once
         s.checks.weights()  # stability: sentinel "optimizer" (weights, moments)
-        s.fold()  # stability: fold every bound measured this step, once
+        self.beside.join()
         return info
 
     def poll(self) -> str | None:
