@@ -97,8 +97,13 @@ def test_captured_step_gives_the_eager_numbers(mode, policy):
     a, b = _snapshot(eager), _snapshot(graphed)
     diffs = {k: _max_diff(a[k], b[k]) for k in a}
     same = torch.equal(loss_e.nan_to_num(), loss_g.nan_to_num()) and not any(diffs.values())
-    _log(f"{mode}/{policy}", loss=_max_diff(loss_e, loss_g), worst=max(diffs.values()),
-         bitwise=same)  # fmt: skip
+    if os.environ.get("TRIMTAB_PARITY_LOG"):  # and eager against itself, for scale
+        again, life_a = _learner("off", stability=mode, on_nonfinite=policy)
+        loss_a, c = _run(again, life_a), _snapshot(again)
+        eager_vs_eager = max(_max_diff(a[k], c[k]) for k in a)
+        _log(f"{mode}/{policy}", loss=_max_diff(loss_e, loss_g), worst=max(diffs.values()),
+             bitwise=same, eager_vs_eager_loss=_max_diff(loss_e, loss_a),
+             eager_vs_eager_worst=eager_vs_eager)  # fmt: skip
     torch.testing.assert_close(loss_g, loss_e, rtol=1e-5, atol=1e-6, equal_nan=True)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, equal_nan=True, msg=k)
