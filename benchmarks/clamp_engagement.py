@@ -76,6 +76,7 @@ def engagement(run_dir: Path) -> dict[str, Any]:
         if s.get("eval"):
             out["greedy_return"] = s["eval"]["mean_return"]
         out["env_steps"] = s.get("env_steps")
+        out["run_commit"] = (s.get("identity") or {}).get("commit")  # the source it ran
     return out
 
 
