@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--runs", type=Path, help="where the run directories go (default: a temp dir)")
     args = p.parse_args(argv)
+    source = provenance("cpu")  # the tree the runs start from (HEAD may move meanwhile)
     if args.quick and args.steps == 600:
         args.steps = 16
     runs = args.runs or Path(tempfile.mkdtemp(prefix="bench_ddp-"))
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     result = {
         "benchmark": "ddp_cpu",
-        **provenance("cpu"),
+        **source,
         "quick": args.quick,
         "steps_total": args.steps,
         "config": [*COMMON, *(QUICK if args.quick else [])],

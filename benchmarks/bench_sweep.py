@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--runs", type=Path, help="where the sweeps go (default: a temp dir)")
     args = p.parse_args(argv)
+    source = provenance("cpu")  # the tree the runs start from (HEAD may move meanwhile)
     runs = args.runs or Path(tempfile.mkdtemp(prefix="bench_sweep-"))
     rows: dict[str, Any] = {}
     seen: dict[str, Any] = {}
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{sum(trial_s):.1f} s)", flush=True)  # fmt: skip
     result = {
         "benchmark": "sweep",
-        **provenance("cpu"),
+        **source,
         "quick": args.quick,
         "cpus": args.cpus,
         "steps_per_trial": args.steps,

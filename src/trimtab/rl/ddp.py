@@ -62,6 +62,8 @@ class AgentDDP(DistributedDataParallel):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "module":  # not wrapped yet: no recursion through self.module
+                raise
             return getattr(self.module, name)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
