@@ -11,8 +11,9 @@ interleaved (rounds of 50 steps of each mode in turn, the median round per mode)
 see the same machine state. ``guard overhead`` = adaptive / off.
 
 On CUDA every mode is also timed with its learn step captured in a CUDA graph
-(``run.cuda_graph = "on"``: the replay's sample copied into the graph's static batch, one
-replay, the target sync and priorities on the host), interleaved with the eager ones; the JSON's
+(``run.cuda_graph = "on"``, ``Learner.learn_from``: the replay's sample, the step and the
+priority update in one graph, the target sync on the host), interleaved with the eager ones
+(``learn`` on ``replay.sample``, as before); the JSON's
 ``captured`` holds those rows, ``captured_guard_overhead`` their adaptive / off, and
 ``capture_s`` the host seconds each capture took (warm-up steps not included).
 """
@@ -78,7 +79,7 @@ def prepare(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
     gen = torch.Generator(device=device).manual_seed(0)
     obs = collect(env, agent, replay, env.reset(), 64)
     for _ in range(10):
-        learner.learn(replay.sample(cfg.agent.batch_size, gen), replay)
+        learner.learn_from(replay, gen, cfg.agent.batch_size)
     _sync(device)
     t0 = time.perf_counter()
     obs = collect(env, agent, replay, obs, 64)
@@ -92,7 +93,7 @@ def time_updates(m: dict[str, Any], device: torch.device, steps: int) -> float:
     _sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        m["learner"].learn(m["replay"].sample(m["cfg"].agent.batch_size, m["gen"]), m["replay"])
+        m["learner"].learn_from(m["replay"], m["gen"], m["cfg"].agent.batch_size)
     _sync(device)
     return (time.perf_counter() - t0) / steps
 
@@ -112,7 +113,7 @@ def measure_all(cfgs: dict[Any, TrainConfig], device: torch.device, steps: int, 
         rows[name] = {"env_steps_per_s": m["env_steps_per_s"], "grad_step_ms": ms,
                       "grad_steps_per_s": 1e3 / ms,
                       "round_ms": [round(t * 1e3, 3) for t in m["times"]]}  # fmt: skip
-        graph = m["learner"].graph
+        graph = m["learner"].sampled_graph
         if graph is not None:
             rows[name].update(captures=graph.captures, capture_s=graph.capture_seconds,
                               replay_ms=replay_ms(graph.graph, steps))  # fmt: skip
@@ -143,7 +144,7 @@ def sync_free(env, learner, replay, obs, gen, cfg) -> str:
     try:
         for _ in range(5):
             obs = collect(env, learner.agent, replay, obs, 1)
-            learner.learn(replay.sample(cfg.agent.batch_size, gen), replay)
+            learner.learn_from(replay, gen, cfg.agent.batch_size)
         return "yes"
     except RuntimeError as e:
         import traceback

@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,44 @@ def test_captured_step_under_autocast_gives_the_eager_numbers():
     for name, x in _snapshot(graphed).items():
         torch.testing.assert_close(x, _snapshot(eager)[name], rtol=1e-5, atol=1e-6,
                                    equal_nan=True, msg=name)  # fmt: skip
+
+
+def _filled_replay(learner, seed: int):
+    """A prioritized replay of ``learner``'s agent, filled with 30 steps of 4 envs."""
+    replay = learner.agent.make_replay()
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(30):
+        obs, nxt = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+        action = torch.randint(0, 3, (4, 2), generator=g)
+        done = torch.rand(4, generator=g) < 0.1
+        replay.add(*(x.cuda() for x in (obs, action, torch.randn(4, generator=g), nxt, done,
+                                         torch.zeros(4, dtype=torch.bool))))  # fmt: skip
+    return replay, torch.Generator(device="cuda").manual_seed(seed)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sampling_inside_the_graph_gives_the_eager_numbers(mode):
+    """learn_from: sample, step and priority update in one graph, against the eager learn on
+    replay.sample; a second buffer (the trainer's next fold) is captured anew."""
+    runs = {}
+    for graph in ("off", "on"):
+        learner, life = _learner(graph, stability=mode)
+        learner.agent.config = replace(learner.agent.config, prioritized=True)
+        losses, replays = [], []
+        for fold in range(2):
+            replay, gen = _filled_replay(learner, seed=fold)
+            for _ in range(8):
+                losses.append(learner.learn_from(replay, gen, 16)["loss"].clone())
+            replays.append(replay.priority.clone())
+            life.fold_boundary()
+        runs[graph] = (torch.stack(losses), torch.cat(replays), _snapshot(learner), learner)
+    (loss_e, prio_e, a, _), (loss_g, prio_g, b, captured) = runs["off"], runs["on"]
+    assert captured.sampled_graph.captures == 1 and captured.graph.captures == 0
+    _log(f"learn_from/{mode}", loss=_max_diff(loss_e, loss_g), priorities=_max_diff(prio_e, prio_g))
+    torch.testing.assert_close(loss_g, loss_e, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(prio_g, prio_e, rtol=1e-5, atol=1e-6)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, equal_nan=True, msg=k)
 
 
 def test_a_checkpoint_loads_into_the_captured_buffers():

@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from trimtab.kernels._table import keep_host_copies
-from trimtab.lifecycle import register
 
 __all__ = ["WARMUP_STEPS", "Beside", "CapturedStep"]
 
@@ -34,17 +33,18 @@ Step = Callable[[dict[str, Tensor]], dict[str, Tensor]]
 class CapturedStep:
     """``step(batch) -> info`` run eagerly ``warmup`` times on a side stream, then captured in a
     :class:`torch.cuda.CUDAGraph` on static copies of the batch and replayed for every later
-    call (the batch copied into the static buffers first, one ``_foreach_copy_``).
+    call (the batch copied into the static buffers first, one ``_foreach_copy_``; a step that
+    samples its own batch takes an empty dict).
 
     ``generators``: the generators the step draws from, registered with the graph so a replay
     advances them as the eager step does. ``addresses()``: the data pointers of every buffer the
     step keeps between steps that an outside call could reallocate (optimizer state, gradients,
-    weights); the capture records them, and :meth:`check` (registered as this object's
-    fold-boundary action, and called after a checkpoint load) drops the graph when they moved,
-    so a reset that reallocates is recaptured (after a new warm-up) instead of replaying into
-    freed memory. Replays return the same ``info`` tensors each time (overwritten by the next
-    replay): clone what must outlive a step. Batches must keep the captured keys, shapes and
-    dtypes (a mismatch is an error naming the key).
+    weights); the capture records them, and :meth:`check` (which the owner calls at each fold
+    boundary and after a checkpoint load) drops the graph when they moved, so a reset that
+    reallocates is recaptured (after a new warm-up) instead of replaying into freed memory.
+    Replays return the same ``info`` tensors each time (overwritten by the next replay): clone
+    what must outlive a step. Batches must keep the captured keys, shapes and dtypes (a
+    mismatch is an error naming the key).
     """
 
     def __init__(
@@ -67,8 +67,6 @@ class CapturedStep:
         self._captured_at: tuple[int, ...] = ()
         self._keep: list[Tensor] = []  # pinned host arrays whose copies the graph replays
         self._side: torch.cuda.Stream | None = None
-        register(self, "check", name="cuda_graph",
-                 what="recapture the learn step if a reset reallocated its buffers")  # fmt: skip
 
     def __call__(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         if self.graph is None:

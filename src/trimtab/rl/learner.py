@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trimtab.lifecycle import register
 from trimtab.nonfinite import NonFinitePolicy
 from trimtab.rl.agent import DQNAgent
 from trimtab.rl.config import AUTOCAST_DTYPES, DEFAULT_CHECK_EVERY, RunConfig, TrainConfig
@@ -49,13 +50,18 @@ class Learner:
         #: the bounds' end-of-step fold runs on a second stream beside the sentinel's
         #: optimizer-phase check (CUDA, modes with measured bounds; the others fold nothing)
         self.beside = Beside(agent.device, enabled=stability.bounds is not None)
-        #: the captured step (None: eager), built inside the run's Lifecycle so that its
-        #: fold-boundary check runs after every reset
+        #: the captured step on a given batch (None: eager), and the one that samples its
+        #: batch inside the graph (:meth:`learn_from`; built at its first call, per replay)
         self.graph = (
             CapturedStep(self.guarded_step, [agent.generator], self._addresses)
             if cuda_graph
             else None
         )
+        self.sampled_graph: CapturedStep | None = None
+        self._sampling: tuple[ReplayBuffer, torch.Generator, int] | None = None
+        if cuda_graph:  # inside the run's Lifecycle: after every other reset
+            register(self, "check_graphs", name="cuda_graph",
+                     what="recapture the learn step if a reset moved its buffers")  # fmt: skip
 
     def learn(
         self, batch: dict[str, Tensor], replay: ReplayBuffer | None = None
@@ -65,20 +71,60 @@ class Learner:
         and the target sync every ``target_update_period`` updates. Returns detached device
         tensors (under capture the same tensors every step, overwritten by the next one). No
         host synchronisation."""
+        self._refuse_fault()
+        info = self.graph(batch) if self.graph is not None else self.guarded_step(batch)
+        if replay is not None:
+            replay.update_priorities(batch["indices"], info["priorities"])
+        self._count_update()
+        return info
+
+    def learn_from(
+        self, replay: ReplayBuffer, generator: torch.Generator, batch_size: int
+    ) -> dict[str, Tensor]:
+        """:meth:`learn` on ``replay.sample(batch_size, generator)``. Captured, the sample and
+        the priority update are in the graph too (no copy into static buffers): one graph per
+        replay buffer, generator and batch size (the trainer's fresh buffer of each fold is
+        captured after its own warm-up), with ``generator`` registered, so the draws are the
+        eager ones. The replay's ``beta`` is read when captured."""
+        if self.graph is None:
+            return self.learn(replay.sample(batch_size, generator), replay)
+        self._refuse_fault()
+        key = self._sampling
+        if key is None or key[0] is not replay or key[1] is not generator or key[2] != batch_size:
+
+            def step(_: dict[str, Tensor]) -> dict[str, Tensor]:
+                batch = replay.sample(batch_size, generator)
+                info = self.guarded_step(batch)
+                replay.update_priorities(batch["indices"], info["priorities"])
+                return info
+
+            gens = [self.agent.generator, generator]
+            self.sampled_graph = CapturedStep(step, gens, self._addresses)
+            self._sampling = (replay, generator, batch_size)
+        info = self.sampled_graph({})  # type: ignore[misc]
+        self._count_update()
+        return info
+
+    def _refuse_fault(self) -> None:
         if self.graph is not None and self.stability.checks.fault is not None:
             raise RuntimeError(
                 "the fault-injection hook (Checks.fault) counts checks on the host, which a "
                 "captured CUDA graph does not re-run: build the learner with "
                 "run.cuda_graph = 'off' to inject faults"
             )
-        info = self.graph(batch) if self.graph is not None else self.guarded_step(batch)
-        if replay is not None:
-            replay.update_priorities(batch["indices"], info["priorities"])
+
+    def _count_update(self) -> None:
         agent = self.agent
         agent.num_updates += 1
         if agent.num_updates % agent.config.target_update_period == 0:
             agent.sync_target()  # in place: the captured step reads the same target weights
-        return info
+
+    def check_graphs(self) -> None:
+        """Drop a captured step whose buffers moved (a reset or load that reallocated them):
+        it is recaptured after a new warm-up instead of replaying into freed memory."""
+        for graph in (self.graph, self.sampled_graph):
+            if graph is not None:
+                graph.check()
 
     def guarded_step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The device part of :meth:`learn`, what a CUDA graph captures: it changes no host
@@ -187,8 +233,7 @@ class Learner:
                         and old.dtype == new.dtype and old.device == new.device):  # fmt: skip
                     old.copy_(new)
                     st[key] = old
-        if self.graph is not None:
-            self.graph.check()  # a buffer the load could not keep: recapture
+        self.check_graphs()  # a buffer the load could not keep: recapture
 
     def _addresses(self) -> tuple[int, ...]:
         """Where the step's persistent buffers live: weights, gradients, optimizer state."""
