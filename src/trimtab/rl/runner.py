@@ -251,7 +251,8 @@ def _train_fold(
         updates_before = prog.global_step
         for _ in range(adapter.updates_due(before, prog.env_steps)):
             # sample, learn: one guarded gradient step (the learner owns every stability part)
-            info = learner.learn(replay.sample(cfg.agent.batch_size, generator), replay)
+            # (captured on CUDA: the sample, the step and the priority update, one graph)
+            info = learner.learn_from(replay, generator, cfg.agent.batch_size)
             prog.fold_step += 1
             prog.global_step += 1
             # check: the sentinel's flag, read on the host every run.check_every steps
