@@ -1,0 +1,93 @@
+"""The adaptive C51 support's closed loop on CartPole's rewards, without an agent: how the
+measured target bound moves over a run's worth of updates (no network, no env: seconds a 1k).
+
+    python benchmarks/support_loop.py [--updates 49000] [--reward 1] [--gamma 0.99] [--quick]
+
+With C51 alone the trainer's target bound measures each transition's reach ``|G| + γ b`` on the
+support ``b`` in force (``DQNAgent.bellman_targets``), and the support is that bound. For
+CartPole every non-terminal transition has ``G = 1`` (times ``env.reward_scale``), so each
+update feeds :class:`trimtab.AdaptiveBounds` a batch of 128 equal reaches ``G + γ b`` (terminal
+ones, |G|, lie below the p99 and do not move it), whatever the policy. The fixed point is
+``G / (1 - γ)`` (100 on CartPole). The JSON records the support per 1,000 updates (min, max,
+last) and the updates spent below half and above twice the fixed point, with machine, date,
+commit: ``benchmarks/results/support_loop.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trimtab.benchmarking import provenance
+from trimtab.bounds import AdaptiveBounds
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "support_loop.json"
+
+
+def run(updates: int, reward: float, gamma: float, batch: int = 128) -> list[float]:
+    """The support read at each update (before that update's fold)."""
+    bounds = AdaptiveBounds(["targets"], q=0.99, floor=1e-3)  # the trainer's settings
+    reach = torch.empty(batch)
+    out = []
+    for _ in range(updates):
+        support = bounds.read("targets")
+        out.append(float(support))
+        reach.copy_(abs(reward) + gamma * support)  # |G| + γ b, as bellman_targets measures
+        bounds.measure("targets", reach)
+        bounds.clamp_("targets", reach)
+        bounds.fold()
+    return out
+
+
+def summarize(traj: list[float], fixed_point: float, every: int = 1000) -> dict[str, Any]:
+    blocks = [traj[i : i + every] for i in range(0, len(traj), every)]
+    late = traj[every:]
+    return {
+        "fixed_point": fixed_point,
+        "per_block": [
+            {"from": i * every, "min": min(b), "max": max(b), "last": b[-1]}
+            for i, b in enumerate(blocks)
+        ],
+        "updates_after_first_block": len(late),
+        "below_half_fixed_point": sum(v < fixed_point / 2 for v in late),
+        "above_twice_fixed_point": sum(v > 2 * fixed_point for v in late),
+        "min_after_first_block": min(late) if late else None,
+        "max": max(traj),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--updates", type=int, default=49_000, help="a 500k CartPole run: 49k")
+    p.add_argument("--reward", type=float, default=1.0, help="G of a non-terminal transition")
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--quick", action="store_true", help="600 updates, nothing written")
+    args = p.parse_args(argv)
+    updates = 600 if args.quick else args.updates
+    t0 = time.perf_counter()
+    traj = run(updates, args.reward, args.gamma)
+    fixed_point = abs(args.reward) / (1 - args.gamma)
+    doc = {**provenance(), "command": " ".join(sys.argv), "updates": updates,
+           "reward": args.reward, "gamma": args.gamma, "seconds": time.perf_counter() - t0,
+           **summarize(traj, fixed_point, every=min(1000, updates // 3))}  # fmt: skip
+    for b in doc["per_block"]:
+        span = f"{b['min']:.4g} .. {b['max']:.4g}"
+        print(f"updates {b['from']:>6}+: support {span}, last {b['last']:.4g}")
+    print(f"after the first block: {doc['below_half_fixed_point']} updates below "
+          f"{doc['fixed_point'] / 2:g}, {doc['above_twice_fixed_point']} above "
+          f"{2 * doc['fixed_point']:g} (of {doc['updates_after_first_block']})")  # fmt: skip
+    if not args.quick:
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+if __name__ == "__main__":
+    main()
