@@ -21,13 +21,15 @@ from trimtab.sentinel import Rule, Sentinel
 STEPS, NAN_RANK, NAN_STEP = 6, 1, 3
 
 
-def model_run(rank: int, nan_at: int | None) -> dict:
+def model_run(rank: int, nan_at: int | None, headroom: float = 1.0) -> dict:
     """A DDP net whose hidden layer is clamped by an adaptive bound, the adaptive clip and
     trimtab's Adam; each rank draws its own data (seeded by rank). ``nan_at``: the step at
-    which rank NAN_RANK writes a NaN into its hidden activations."""
+    which rank NAN_RANK writes a NaN into its hidden activations. ``headroom`` > 1: the test's
+    exceedance counts are kept apart from the clamp's (both are reduced)."""
     torch.manual_seed(0)
     sentinel = Sentinel("cpu")
-    bounds = AdaptiveBounds(["hidden", "out"], sentinel=sentinel, phase="forward")
+    bounds = AdaptiveBounds(["hidden", "out"], sentinel=sentinel, phase="forward",
+                            headroom=headroom)  # fmt: skip
     clamp = BoundClamp(bounds, "hidden")
     net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), clamp, nn.Linear(16, 1))
     ddp = DDP(net)
@@ -109,7 +111,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     result = {
-        "consistent": model_run(rank, nan_at=None),
+        "consistent": model_run(rank, nan_at=None, headroom=2.0),
         "nan": model_run(rank, nan_at=NAN_STEP),
         "sharded": sharded_statistics(rank, world),
     }
