@@ -495,6 +495,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="merge these partial results into --out (no training)")  # fmt: skip
     p.add_argument("--no-units-check", action="store_true", help="skip the units check")
+    p.add_argument("--units-check-only", action="store_true",
+                   help="run the units check of --envs into --out, and no trial")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke test: tiny runs, 2 scales")
     args = p.parse_args(argv)
     if args.quick:
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(doc["table"])
         return doc
     deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
-    trials = build_trials(args)
+    trials = [] if args.units_check_only else build_trials(args)
     engine = engine_of(args)
     print(f"{len(trials)} trials ({engine}, {args.jobs} at once): runs under {args.runs}")
     if not args.no_units_check:
@@ -547,7 +549,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  {r['env']} {r['arm']} x{r['scale']:g} seed {r['seed']}: {r['status']}{v} "
               f"({r['seconds']:.0f} s)", flush=True)  # fmt: skip
 
-    if engine == "ray":
+    if not trials:
+        new = []
+    elif engine == "ray":
         new = run_on_ray(trials, args)
     elif engine == "pool":
         new = Pool(args.jobs, deadline).map(trials, show)
