@@ -106,6 +106,48 @@ def sharded_statistics(rank: int, world: int) -> dict:
     return out
 
 
+def fsdp_run(rank: int, world: int) -> dict:
+    """A real FSDP model (FullyShardedDataParallel: each rank holds half of one flat parameter)
+    with the adaptive clip and trimtab's Adam made rank-consistent (attach_clip,
+    attach_optimizer), each rank on its own data; rank 0 also runs the same net unsharded in
+    one process on both ranks' data (the same mean gradient)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))  # 178 = 2 x 89
+
+    def batches(r: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(200 + r)
+        return [torch.randn(32, 8, generator=g) * (1 + r) for _ in range(STEPS)]
+
+    def train(net: nn.Module, params: list[nn.Parameter], data: list[torch.Tensor], rc: bool):
+        clip = AdaptiveGradClip(params)
+        opt = Adam(params, lr=1e-2)
+        if rc:
+            RankConsistent().attach_clip(clip).attach_optimizer(opt)
+        for x in data:
+            loss = (net(x) - x[:, :2]).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            clip()
+            opt.step()
+        return clip.bound.clone(), opt.state_vector.tensor.clone()
+
+    model = FSDP(make(), device_id=torch.device("cpu"), use_orig_params=False)
+    clip, adam = train(model, list(model.parameters()), batches(rank), rc=True)
+    with FSDP.summon_full_params(model):
+        weights = [p.detach().clone() for p in model.parameters()]
+    out = {"clip": clip, "adam": adam, "weights": torch.cat([w.reshape(-1) for w in weights])}
+    if rank == 0:  # the union of both ranks' batches: the mean of their mean gradients
+        net = make()
+        union = [torch.cat(xs) for xs in zip(*(batches(r) for r in range(world)))]
+        clip, adam = train(net, list(net.parameters()), union, rc=False)
+        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        out["whole"] = {"clip": clip, "adam": adam, "weights": flat}
+    return out
+
+
 def main() -> None:
     rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
@@ -114,6 +156,7 @@ def main() -> None:
         "consistent": model_run(rank, nan_at=None, headroom=2.0),
         "nan": model_run(rank, nan_at=NAN_STEP),
         "sharded": sharded_statistics(rank, world),
+        "fsdp": fsdp_run(rank, world),
     }
     dist.barrier()
     dist.destroy_process_group()

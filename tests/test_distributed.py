@@ -1,6 +1,7 @@
 """trimtab.distributed on 2 gloo processes on the CPU: the same bounds and weights on both ranks
 after N steps, a NaN on rank 1 halting both at one step with one report naming rank 1, and
-sharded clip and optimizer statistics equal to those of one process holding whole tensors."""
+sharded clip and optimizer statistics (by hand, and under FullyShardedDataParallel) equal to
+those of one process holding whole tensors."""
 
 from __future__ import annotations
 
@@ -78,6 +79,16 @@ def test_sharded_clip_and_optimizer_statistics_match_one_process(ranks: list[dic
     torch.testing.assert_close(s0["norms"], whole["norms"], rtol=1e-5, atol=0)
     torch.testing.assert_close(s0["clip"], whole["clip"], rtol=1e-5, atol=0)
     torch.testing.assert_close(s0["adam"], whole["adam"], rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_fsdp_with_rank_consistent_clip_and_adam_matches_one_process(ranks: list[dict]) -> None:
+    f0, f1 = (r["fsdp"] for r in ranks)
+    for key in ("clip", "adam", "weights"):
+        assert _equal(f0[key], f1[key]), key
+    whole = f0["whole"]
+    torch.testing.assert_close(f0["weights"], whole["weights"], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(f0["clip"], whole["clip"], rtol=1e-4, atol=0)
+    torch.testing.assert_close(f0["adam"], whole["adam"], rtol=1e-3, atol=1e-6, equal_nan=True)
 
 
 def test_a_missing_sync_is_refused_and_one_process_needs_a_group(tmp_path: Path) -> None:
