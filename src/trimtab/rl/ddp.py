@@ -188,6 +188,12 @@ class Ranks:
             return fold()
 
         stab.fold = synced_fold
+        if getattr(learner, "beside", None) is not None:
+            from trimtab.rl.graphed import Beside
+
+            # The fold now carries the sentinel's merge, which writes the records that the
+            # optimizer-phase check beside it writes too: on one stream, in sequence.
+            learner.beside = Beside(self.device, enabled=False)
         halt = learner.halt_message
 
         def synced_halt() -> str | None:
