@@ -15,6 +15,9 @@ trimtab's ``run.threads = 1``), with the settings of ``examples/cartpole.toml``,
 steps. With ``--repeats`` > 1 the order of the runs rotates, so that drift in the machine's
 load falls on every side alike. Wall time is the whole process's, start-up included.
 
+CPU time (user + system of the run's process tree, ``cpu_s``) is reported beside wall time: on a
+machine that other work shares, wall time measures the load as much as the run, CPU time less so.
+
 Time to solve: the wall time at which the training episodes (ε-greedy) that finished within
 the last 5000 env steps first average >= 475, on both sides (c51.py evaluates no greedy
 policy); trimtab's greedy return over ``--eval-episodes`` (10) at the end is reported beside
@@ -28,6 +31,7 @@ import csv
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -86,6 +90,7 @@ def run_cleanrl(cleanrl: Path, python: str, steps: int, seed: int, quick: bool) 
     stamped: list[tuple[float, int, float]] = []
     sps = None
     with tempfile.TemporaryDirectory(prefix="cleanrl-") as cwd:  # c51.py writes runs/ here
+        cpu0 = _children_cpu()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env={**os.environ, **ONE_THREAD})  # fmt: skip
@@ -99,8 +104,9 @@ def run_cleanrl(cleanrl: Path, python: str, steps: int, seed: int, quick: bool) 
             tail = [*tail[-20:], line]
         rc = proc.wait()
         wall = time.perf_counter() - t0
+        cpu = _children_cpu() - cpu0
     row = {"side": "cleanrl", "impl": "gymnasium", "mode": "c51.py", "steps": steps,
-           "wall_s": wall, "env_steps_per_s": steps / wall, "own_sps": sps, "rc": rc,
+           "wall_s": wall, "cpu_s": cpu, "env_steps_per_s": steps / wall, "own_sps": sps, "rc": rc,
            "episodes": len(stamped), "solve_s": time_to_solve(stamped),
            "train_return_last100": _mean([r for *_, r in stamped[-100:]])}  # fmt: skip
     if rc != 0:
@@ -123,6 +129,7 @@ def run_trimtab(
         cmd += ["--set", s]
     stamped: list[tuple[float, int, float]] = []
     done = threading.Event()
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     # metrics.csv gains a row every run.log_every updates: its mean training return, stamped
     # with the time it appeared (a poll every 0.2 s)
@@ -133,10 +140,12 @@ def run_trimtab(
                               env={**os.environ, **ONE_THREAD})  # fmt: skip
     finally:
         wall = time.perf_counter() - t0
+        cpu = _children_cpu() - cpu0
         done.set()
         watcher.join()
     row: dict[str, Any] = {"side": "trimtab", "impl": impl, "mode": mode, "steps": steps,
-                           "wall_s": wall, "env_steps_per_s": steps / wall, "rc": proc.returncode,
+                           "wall_s": wall, "cpu_s": cpu, "env_steps_per_s": steps / wall,
+                           "rc": proc.returncode,
                            "run_dir": str(out), "solve_s": time_to_solve(stamped, 1)}  # fmt: skip
     summary = out / "summary.json"
     if proc.returncode == 0 and summary.is_file():
@@ -146,6 +155,12 @@ def run_trimtab(
     else:
         row["error"] = (proc.stderr or proc.stdout)[-2000:]
     return row
+
+
+def _children_cpu() -> float:
+    """User + system seconds of the finished child processes so far (runs are one at a time)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _watch(path: Path, t0: float, stamped: list, done: threading.Event) -> None:
@@ -175,12 +190,14 @@ def _fmt(v: Any, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'side':8} {'impl':9} {'mode':8} {'steps':>7} {'wall s':>7} {'steps/s':>8} "
-            f"{'x peer':>7} {'greedy':>7} {'train100':>8} {'solve s':>7}")  # fmt: skip
+            f"{'x peer':>7} {'cpu s':>7} {'x peer':>7} {'greedy':>7} {'train100':>8} "
+            f"{'solve s':>7}")  # fmt: skip
     lines = [head]
     for r in rows:
         lines.append(
             f"{r['side']:8} {r['impl']:9} {r['mode']:8} {r['steps']:>7} {r['wall_s']:7.1f} "
             f"{r['env_steps_per_s']:8.0f} {_fmt(r.get('wall_vs_cleanrl'), '7.2f')} "
+            f"{_fmt(r.get('cpu_s'), '7.1f')} {_fmt(r.get('cpu_vs_cleanrl'), '7.2f')} "
             f"{_fmt(r.get('greedy'), '7.1f')} {_fmt(r.get('train_return_last100'), '8.1f')} "
             f"{_fmt(r.get('solve_s'), '7.1f')}"
         )
@@ -231,10 +248,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"  {row['side']} {row['impl']} {row['mode']}: {row['wall_s']:.1f} s{failed}",
                       flush=True)  # fmt: skip
     # each trimtab run against the peer's run of the same round: wall time, trimtab / CleanRL
-    peer = {r["repeat"]: r["wall_s"] for r in rows if r["side"] == "cleanrl" and r["rc"] == 0}
+    peer = {r["repeat"]: r for r in rows if r["side"] == "cleanrl" and r["rc"] == 0}
     for r in rows:
         if r["side"] == "trimtab" and r["repeat"] in peer:
-            r["wall_vs_cleanrl"] = r["wall_s"] / peer[r["repeat"]]
+            r["wall_vs_cleanrl"] = r["wall_s"] / peer[r["repeat"]]["wall_s"]
+            r["cpu_vs_cleanrl"] = r["cpu_s"] / peer[r["repeat"]]["cpu_s"]
     print(table(rows))
     command = " ".join(["benchmarks/bench_cleanrl.py", *(sys.argv[1:] if argv is None else argv)])
     record = {**provenance(), "threads": 1, "command": command, "steps": steps,

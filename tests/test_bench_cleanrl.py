@@ -34,6 +34,7 @@ def test_bench_cleanrl_quick(tmp_path, capsys):
     for impl in ("gymnasium", "torch"):
         r = runs["trimtab", impl, "off"]
         assert r["rc"] == 0 and r["env_steps_per_s"] > 0 and r["updates"] >= 200
+        assert r["cpu_s"] > 0  # the run's process tree's CPU seconds
         assert 8 <= r["greedy"] <= 500 and 8 <= r["train_return_last100"] <= 500
     if saved["cleanrl_skipped"]:
         assert "CleanRL peer skipped: " in printed and len(runs) == 2
