@@ -66,9 +66,16 @@ def test_a_mid_fold_checkpoint_refuses_another_world_size(runs) -> None:
     assert fold_state_for(None, None, "fold_0.pt") is None  # a fold checkpoint: any world
 
 
-def test_bad_setups_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_setups_are_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from trimtab.cli import main
+
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
+    assert main(["train", "--dist-backend", "gloo", "--out", str(tmp_path / "r")]) == 2
+    assert "--dist-backend is for runs launched by torchrun" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
     with pytest.raises(ConfigError, match="torchrun"):
         Ranks.init("cpu")
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
