@@ -299,6 +299,29 @@ def run_on_ray(trials: list[Trial], args: argparse.Namespace) -> list[dict]:
     return out
 
 
+def check_run_dirs(trials: list[Trial]) -> None:
+    """A run directory already there must hold this trial's config (it is read back or
+    resumed): another config is another experiment, refused before anything runs."""
+    from trimtab.rl.config import TrainConfig
+    from trimtab.rl.configio import ConfigError, from_dict, load_toml
+    from trimtab.rl.sweep_spec import same_config
+
+    for t in trials:
+        path = t.run_dir / "config.toml"
+        if not path.is_file():
+            continue
+        try:
+            diff = same_config(from_dict(TrainConfig, load_toml(path)), t.cfg)
+        except ConfigError as e:
+            diff = [str(e)]
+        diff = [d for d in diff if not d.startswith("run.out:")]
+        if diff:
+            raise SystemExit(
+                f"{t.run_dir} holds a run with another config ({diff[0]}); choose another "
+                "--runs, or name the change with --variant"
+            )
+
+
 def engine_of(args: argparse.Namespace) -> str:
     if args.engine != "auto":
         return args.engine
@@ -530,6 +553,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return doc
     deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
     trials = [] if args.units_check_only else build_trials(args)
+    check_run_dirs(trials)
     engine = engine_of(args)
     print(f"{len(trials)} trials ({engine}, {args.jobs} at once): runs under {args.runs}")
     if not args.no_units_check:

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[1] / "benchmarks" / "scale.py"
 
 
@@ -58,6 +60,10 @@ def test_scale_quick_two_calls_merge(tmp_path):
     assert len(again["records"]) == 2  # merged into the existing file
     [reread] = [r for r in again["records"] if r["env"] == "cartpole"]
     assert reread["value"] == rec["value"] and reread["seconds"] < 1.0
+    # the same run directory with another config is refused, not read back
+    with pytest.raises(SystemExit, match="another config"):
+        bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
+                    "--variant", "h2", "--out", str(out)])  # fmt: skip
 
 
 def test_merge_keeps_a_result_over_a_later_unfinished_record():
