@@ -200,8 +200,10 @@ class Ranks:
             rc.sync_flags()  # an env-phase fire since the last step's sync is seen too
             message = halt()
             first = stab.sentinel.report()[0] if message else None
-            if first is not None and first.rank is not None:
-                message = f"{message} on rank {first.rank} of {self.world_size}"
+            if message and first is not None and first.rank is not None:
+                where = f"on rank {first.rank} of {self.world_size}"
+                named = message.replace(" fired first:", f" fired first {where}:", 1)
+                message = named if named != message else f"{message} ({where})"
             return message
 
         learner.halt_message = synced_halt
