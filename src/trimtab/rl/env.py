@@ -242,19 +242,21 @@ def evaluate(
         raise ValueError(
             f"actions must be [{env.window_len}, {env.n_assets}], got {tuple(fixed.shape)}"
         )
-    rewards, positions, ruin = [], [], None
+    rewards, positions = [], []
+    # Ruin, found on the device (no host read per day): from the day after it, equity is gone:
+    # flat, no return, no cost (the env steps on behind the mask; nothing of it is kept).
+    alive = torch.ones(1, dtype=torch.bool, device=env.device)
+    ruin_day = torch.full((1,), env.window_len, dtype=torch.long, device=env.device)
     for k in range(env.window_len):
-        if ruin is not None:  # equity is gone: flat, no return, no cost
-            rewards.append(torch.zeros(1, dtype=dtype, device=env.device))
-            positions.append(torch.zeros(1, env.n_assets, dtype=dtype, device=env.device))
-            continue
         action = fixed[k : k + 1] if fixed is not None else policy(obs)  # type: ignore[operator]
         res = env.step(action.reshape(1, env.n_assets))
-        rewards.append(res.reward)
-        positions.append(env.levels[action.reshape(1, -1)])
+        rewards.append(torch.where(alive, res.reward, 0.0))
+        positions.append(torch.where(alive.unsqueeze(1), env.levels[action.reshape(1, -1)], 0.0))
+        ruin_day = torch.where(alive & res.terminated, k, ruin_day)
+        alive = alive & ~res.terminated
         obs = res.obs
-        if bool(res.terminated[0]):  # a host read per day, as the policy's own already is
-            ruin = k
+    first = int(ruin_day[0])  # one host read, after the window
+    ruin = first if first < env.window_len else None
     weights = (torch.cat(positions) / env.n_assets).double().cpu().numpy()
     prev = np.vstack([np.zeros((1, env.n_assets)), weights[:-1]])
     return Evaluation(
