@@ -120,7 +120,8 @@ class CapturedStep:
                 )
             dst.append(s)
             src.append(x)
-        torch._foreach_copy_(dst, src)
+        if dst:  # a step that samples inside the graph reads no batch
+            torch._foreach_copy_(dst, src)
 
     def check(self) -> bool:
         """Drop the graph if the buffers it was captured on moved (a reset or a load that
