@@ -19,6 +19,11 @@ for part in "${parts[@]}"; do
     tests)
       timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/rl/test_collect.py 2>&1 | tail -15 ;;
     market)
+      # a first process compiles trimtab's Triton kernels into Triton's on-disk cache (about 45 s
+      # of a first run, README "On the H200"): a --quick run first, recorded apart, so the timed
+      # run measures a machine that has run trimtab before
+      timeout 200 python3 benchmarks/default_run.py --device cuda --seeds 0 --jobs 1 --quick \
+        --out "$out/default_run_h200.json" --key "warmup_${TRIMTAB_COMMIT:0:7}" 2>&1 | tail -2
       timeout 300 python3 benchmarks/default_run.py --device cuda --seeds 0 --jobs 1 \
         --out "$out/default_run_h200.json" --key "alone_${TRIMTAB_COMMIT:0:7}" 2>&1 | tail -4 ;;
     cartpole)
