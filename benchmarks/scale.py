@@ -163,6 +163,7 @@ def record(t: Trial, status: str, summary: dict | None, seconds: float, error: s
     if not summary:
         return rec
     rec["halted"] = summary.get("halted")
+    rec["run_commit"] = (summary.get("identity") or {}).get("commit")  # the source it ran
     if t.env == "cartpole" and summary.get("eval"):
         rec["value"] = float(summary["eval"]["mean_return"])
         rec["train_return_last100"] = summary.get("train_return_last100")
