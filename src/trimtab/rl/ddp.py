@@ -53,10 +53,22 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + SEED_STRIDE * rank
 
 
+#: DDP's runtime statistics (its logger) are gathered on iterations 1-10 and then every
+#: ``sample rate`` iterations (torch's default: 100) by host waits on CUDA events of the
+#: previous iteration (``cudaEventSynchronize``, which ``set_sync_debug_mode`` does not see):
+#: the trainer reads none of them, so after the first 10 iterations it takes none.
+NO_RUNTIME_STATS = 2**31 - 1
+
+
 class AgentDDP(DistributedDataParallel):
     """DDP around the agent's online network, which the agent calls as its own network: the
     network's other methods (``q_values``, ``quantiles``) and its ``state_dict`` (without
-    DDP's ``module.`` prefix) pass through to it."""
+    DDP's ``module.`` prefix) pass through to it. Its runtime statistics are off after the
+    first 10 iterations (:data:`NO_RUNTIME_STATS`): no host wait in the learn step."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._set_ddp_runtime_logging_sample_rate(NO_RUNTIME_STATS)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -95,8 +107,9 @@ class Ranks:
     def init(cls, device: str, backend: str | None = None) -> Ranks:
         """Join the process group torchrun describes (``RANK``, ``WORLD_SIZE``,
         ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``). ``device`` is ``run.device``: on ``cuda``
-        each rank takes ``cuda:LOCAL_RANK``. ``backend``: ``gloo`` on the CPU and ``nccl`` on
-        CUDA unless named."""
+        each rank takes ``cuda:LOCAL_RANK`` (with more ranks than GPUs on a node, ``LOCAL_RANK``
+        modulo the GPU count: ranks share GPUs, which only ``gloo`` allows). ``backend``:
+        ``gloo`` on the CPU and ``nccl`` on CUDA unless named."""
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
                    if k not in os.environ]  # fmt: skip
         if missing:
@@ -111,10 +124,26 @@ class Ranks:
                 f"run.device={device!r} under {world} processes: each rank takes "
                 "cuda:LOCAL_RANK; set run.device = 'cuda' (or --device cuda)"
             )
-        dev = torch.device("cuda", local) if device == "cuda" else torch.device(device)
+        dev, shared = torch.device(device), 0
+        if device == "cuda":
+            count = torch.cuda.device_count()
+            if count == 0:
+                raise ConfigError("run.device = 'cuda' but torch sees no CUDA device; use "
+                                  "--device cpu")  # fmt: skip
+            # more ranks on this node than GPUs: rank r shares GPU r mod count (gloo only)
+            dev = torch.device("cuda", local % count)
+            here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            shared = here if here > count else 0
         backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
         if backend not in BACKENDS:
             raise ConfigError(f"--dist-backend {backend!r}: choose one of {list(BACKENDS)}")
+        if backend == "nccl" and shared:
+            raise ConfigError(
+                f"{shared} ranks on {torch.cuda.device_count()} GPU(s) of this node: NCCL refuses "
+                "two ranks on one device; launch at most one process per GPU, or share GPUs "
+                "with --dist-backend gloo (collectives through host memory: slower, and not "
+                "free of host syncs)"
+            )
         if not dist.is_available() or not dist.is_backend_available(backend):
             raise ConfigError(
                 f"torch.distributed backend {backend!r} is not available in this torch build "
