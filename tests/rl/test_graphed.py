@@ -99,3 +99,23 @@ def test_no_checkpoint_holds_a_step_after_the_fire(tmp_path):
     assert saved["progress"]["global_step"] == 5  # steps 0-4; not the poisoned step 5
     weights = saved["agent"]["online"].values()
     assert all(bool(torch.isfinite(w).all()) for w in weights)
+
+
+def test_a_capture_keeps_every_table_it_reads():
+    """Tables built or found in the cache inside keep_host_copies() are handed to the graph's
+    owner (an eviction from the LRU cache must not free what a captured graph reads); nested
+    blocks pass theirs out; nothing is kept outside."""
+    from trimtab.kernels import _table
+
+    xs = [torch.zeros(3), torch.zeros(5)]
+    with _table.keep_host_copies() as outer:
+        with _table.keep_host_copies() as inner:
+            built = _table.pointer_table(xs, 4)
+        found = _table.pointer_table(xs, 4)
+        array = _table.pointer_array(xs)
+    assert found is built
+    for t in (built.ptrs, built.numels, built.block_start, built.block_tensor, array):
+        assert any(k is t for k in inner + outer) and any(k is t for k in outer)
+    assert any(k is built.block_tensor for k in inner)
+    _table.pointer_table(xs, 4)  # no capture: nothing collected anywhere
+    assert _table._kept is None

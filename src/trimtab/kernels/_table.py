@@ -21,18 +21,19 @@ DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 1, torch
 
 _CACHE_SIZE = 64
 
-#: Where the pinned host arrays of tables built under :func:`keep_host_copies` go (else None).
+#: Where the tensors used under :func:`keep_host_copies` go (else None).
 _kept: list[torch.Tensor] | None = None
 
 
 @contextmanager
 def keep_host_copies() -> Iterator[list[torch.Tensor]]:
-    """Collect the pinned host arrays (and their device tables) of every table built inside.
+    """Collect every cached table (device arrays, and the pinned host arrays of those built
+    inside) and every grown workspace (:func:`keep`) that a capture inside uses.
 
-    A captured graph replays a table's host-to-device copy from the pinned address it was
-    captured with; once the host tensor is freed the caching host allocator may hand that
-    block to another copy, and a replay would load its pointers. Hold the list as long as the
-    graph lives."""
+    A captured graph reads them at the addresses it was captured with: a table evicted from its
+    cache, a workspace replaced by a larger one, or a pinned host array freed (the caching host
+    allocator may hand the block to another copy, whose pointers a replay would then load) would
+    leave it reading or writing freed memory. Hold the list as long as the graph lives."""
     global _kept
     outer, _kept = _kept, []
     try:
@@ -43,7 +44,8 @@ def keep_host_copies() -> Iterator[list[torch.Tensor]]:
             outer.extend(kept)
 
 
-def _keep(*tensors: torch.Tensor) -> None:
+def keep(*tensors: torch.Tensor) -> None:
+    """Hand ``tensors`` to the graph being captured under :func:`keep_host_copies`, if any."""
     if _kept is not None:
         _kept.extend(tensors)
 
@@ -78,6 +80,7 @@ def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
     table = _cache.get(key)
     if table is not None:
         _cache.move_to_end(key)
+        keep(table.ptrs, table.numels, table.block_start, table.block_tensor)
         return table
     device = tensors[0].device
     numels = [t.numel() for t in tensors]
@@ -100,7 +103,6 @@ def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
         # allocator keeps the pinned block alive until the copy has run)
         host = host.pin_memory()
     dev = host.to(device, non_blocking=True)
-    _keep(host, dev)
     n = len(tensors)
     table = PointerTable(
         ptrs=dev[0:n],
@@ -111,6 +113,7 @@ def pointer_table(tensors: Sequence[torch.Tensor], block: int) -> PointerTable:
         block=block,
         count=n,
     )
+    keep(host, dev, table.block_tensor)
     _cache[key] = table
     if len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
@@ -129,12 +132,13 @@ def pointer_array(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     array = _arrays.get(key)
     if array is not None:
         _arrays.move_to_end(key)
+        keep(array)
         return array
     host = torch.tensor(key[1:], dtype=torch.int64)
     if device.type == "cuda":  # pinned + non_blocking: an asynchronous copy, not a host sync
         host = host.pin_memory()
     array = host.to(device, non_blocking=True)
-    _keep(host, array)
+    keep(host, array)
     _arrays[key] = array
     if len(_arrays) > _ARRAY_CACHE_SIZE:
         _arrays.popitem(last=False)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trimtab.kernels._table import DTYPE_CODES, pointer_table
+from trimtab.kernels._table import DTYPE_CODES, keep, pointer_table
 
 # float64 is checked natively (the maximum is kept in float64, so a finite double above the
 # float32 range is reported as finite, as the reference does).
@@ -262,4 +262,5 @@ def scratch(state: dict[str, torch.Tensor], programs: int) -> tuple[torch.Tensor
         device = state["scratch_max"].device
         state["scratch_nan"] = torch.zeros(programs, dtype=torch.int32, device=device)
         state["scratch_max"] = torch.zeros(programs, dtype=torch.float64, device=device)
+    keep(state["scratch_nan"], state["scratch_max"])  # a graph captured now keeps its partials
     return state["scratch_nan"], state["scratch_max"]

@@ -65,7 +65,7 @@ class CapturedStep:
         #: captures made, and the host seconds they took (warm-up steps not included)
         self.captures, self.capture_seconds = 0, 0.0
         self._captured_at: tuple[int, ...] = ()
-        self._keep: list[Tensor] = []  # pinned host arrays whose copies the graph replays
+        self._keep: list[Tensor] = []  # tables, workspaces, pinned copies the graph reads
         self._side: torch.cuda.Stream | None = None
 
     def __call__(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
