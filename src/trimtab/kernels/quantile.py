@@ -66,7 +66,7 @@ from dataclasses import dataclass
 import torch
 
 from trimtab.kernels import quantile_passes as qp
-from trimtab.kernels._table import DTYPE_CODES, pointer_table
+from trimtab.kernels._table import DTYPE_CODES, keep, pointer_table
 
 # Tunables, read at each call (benchmarks/bench_quantile.py --sweep times alternatives).
 BRACKET_BLOCK = 2048  # elements per block of the bracket pass
@@ -148,6 +148,7 @@ def _plan(numels: Sequence[int], q: float, device: torch.device) -> _Plan:
     plan = _plans.get(key)
     if plan is not None:
         _plans.move_to_end(key)
+        _keep_plan(plan)
         return plan
     target = PROGRAMS_PER_SM * _num_sms(device)
     rows, maps = [], ([], [], [], [])
@@ -185,7 +186,13 @@ def _plan(numels: Sequence[int], q: float, device: torch.device) -> _Plan:
     _plans[key] = plan
     if len(_plans) > _PLAN_CACHE_SIZE:
         _plans.popitem(last=False)
+    _keep_plan(plan)
     return plan
+
+
+def _keep_plan(plan: _Plan) -> None:
+    """A graph captured now reads the plan's arrays: it keeps them (an eviction would free them)."""
+    keep(plan.meta, plan.sample_tensor, plan.bracket_tensor, plan.full_tensor, plan.buf_tensor)
 
 
 def abs_quantiles_triton(
