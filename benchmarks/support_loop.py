@@ -26,9 +26,24 @@ import torch
 
 from trimtab.benchmarking import provenance
 from trimtab.bounds import AdaptiveBounds
+from trimtab.estimate import AdaptiveEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "support_loop.json"
+
+
+def run_estimator(updates: int, reward: float, gamma: float) -> tuple[list[float], dict]:
+    """The same loop through the bound's estimator alone (no quantile, no engagement test):
+    ``s_t = exp(EMA(log(|G| + γ s_(t-1))))``; also the estimator's final state (its candidates'
+    log levels and log weights, the noise variance R), to see which candidates carry it."""
+    ema = AdaptiveEMA(1)
+    s, out = 1e-3, []
+    for _ in range(updates):
+        out.append(s)
+        s = float(ema.update_log(torch.tensor([abs(reward) + gamma * s]))[0])
+    state = ema.state_dict()
+    keep = ("mean", "r", "level", "slope", "score")
+    return out, {k: state[k].reshape(-1).tolist() for k in keep if k in state}
 
 
 def run(updates: int, reward: float, gamma: float, batch: int = 128) -> list[float]:
@@ -70,13 +85,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--quick", action="store_true", help="600 updates, nothing written")
+    p.add_argument(
+        "--estimator-only",
+        action="store_true",
+        help="the loop through the AdaptiveEMA alone; its final state in the JSON",
+    )
     args = p.parse_args(argv)
     updates = 600 if args.quick else args.updates
     t0 = time.perf_counter()
-    traj = run(updates, args.reward, args.gamma)
+    state = None
+    if args.estimator_only:
+        traj, state = run_estimator(updates, args.reward, args.gamma)
+    else:
+        traj = run(updates, args.reward, args.gamma)
     fixed_point = abs(args.reward) / (1 - args.gamma)
     doc = {**provenance(), "command": " ".join(sys.argv), "updates": updates,
            "reward": args.reward, "gamma": args.gamma, "seconds": time.perf_counter() - t0,
+           "estimator_only": args.estimator_only, "final_estimator_state": state,
            **summarize(traj, fixed_point, every=min(1000, updates // 3))}  # fmt: skip
     for b in doc["per_block"]:
         span = f"{b['min']:.4g} .. {b['max']:.4g}"
