@@ -26,14 +26,17 @@ rank):
   whose runtime statistics wait on CUDA events every 100th iteration (``AgentDDP`` turns them
   off after the first 10: ``trimtab.rl.ddp.NO_RUNTIME_STATS``).
 
-Per variant also: **host waits**, ``--probes`` pairs of learn steps, each pair issued behind a
-``torch.cuda._sleep`` of about 10 ms on the device (the device idle before it): a step whose host
-time exceeds half the sleep waited for the device (a wait on work of the step before, such as
-DDP's events, shows in the pair's second step); ``set_sync_debug_mode`` sees only
-stream and device synchronisations, not ``cudaEventSynchronize`` nor a host-memory collective.
-And ``sync_free``: three steps under ``torch.cuda.set_sync_debug_mode("error")`` ("yes" or
-the error). The sync check runs last and each rank exits right after it (a rank that raised
-would otherwise leave the other waiting in a collective). ``--train-steps S``: also
+Per variant also: **host waits**, pairs of learn steps, each pair issued behind a
+``torch.cuda._sleep`` of about 60 ms on the device (idle before it; an eager step's launches
+take the host about 20 ms): a step whose host time exceeds the median of the pairs' first
+steps by half the sleep waited for the device (a wait on work of the step before, such as
+DDP's events, shows in a pair's second step). ``--probes`` pairs (enough to span DDP's
+100-iteration statistics cadence) for ``ddp_rc`` and ``ddp_torch_default`` on NCCL, 3 for the
+others. ``set_sync_debug_mode`` sees stream and device synchronisations only, not
+``cudaEventSynchronize`` nor a collective that waits in host memory. And ``sync_free``: three
+steps under ``torch.cuda.set_sync_debug_mode("error")`` ("yes" or the error). The sync check
+runs last and each rank exits right after it (a rank that raised would otherwise leave the other
+waiting in a collective). ``--train-steps S``: also
 ``bench_ddp.py --device cuda`` (``trimtab train``, 1 fold, S gradient steps split over the
 ranks, 1x1 against Nx1).
 """
@@ -60,7 +63,8 @@ from trimtab.benchmarking import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ddp_h200.json"
-SLEEP_CYCLES = 20_000_000  # torch.cuda._sleep: about 10 ms at the H200's 1.98 GHz
+SLEEP_CYCLES = 120_000_000  # torch.cuda._sleep: about 60 ms at the H200's 1.98 GHz
+FEW_PROBES = 3  # pairs for the variants whose waits are not the question
 TORCH_SAMPLE_RATE = (
     100  # DDP's runtime statistics cadence by default (kDDPRuntimeLoggingSampleRate)
 )
@@ -127,7 +131,7 @@ def _barrier(ranks: Any) -> None:
 
 def host_waits(m: dict[str, Any], ranks: Any, pairs: int) -> dict[str, Any]:
     """``pairs`` pairs of learn steps, each behind a device sleep: the host ms of every step,
-    the sleep's ms, and which steps waited for the device (host ms > half the sleep)."""
+    the sleep's ms, and which steps waited for the device (module docstring)."""
     host, sleeps = [], []
     for _ in range(pairs):
         torch.cuda.synchronize()
@@ -143,9 +147,15 @@ def host_waits(m: dict[str, Any], ranks: Any, pairs: int) -> dict[str, Any]:
         torch.cuda.synchronize()
         sleeps.append(start.elapsed_time(end))
     sleep_ms = min(sleeps)
-    waited = [i for i, h in enumerate(host) if h > sleep_ms / 2]
+    base = statistics.median(host[::2])  # first steps: nothing before them is pending
+    waited = [i for i, h in enumerate(host) if h > base + sleep_ms / 2]
     return {"sleep_ms": sleep_ms, "steps": len(host), "waited": waited,
             "host_ms_median": statistics.median(host), "host_ms": host}  # fmt: skip
+
+
+def probes(name: str, backend: str, args: argparse.Namespace) -> int:
+    long = name in ("ddp_rc", "ddp_torch_default") and backend == "nccl"
+    return args.probes if long else min(args.probes, FEW_PROBES)
 
 
 def sync_check(m: dict[str, Any]) -> str:
@@ -194,7 +204,7 @@ def worker(args: argparse.Namespace) -> None:
                             "device": str(ranks.device), "variants": {}}  # fmt: skip
     for name, m in built.items():
         row = {"batch_per_rank": m["batch"], "build_s": m["build_s"],
-               "host_waits": host_waits(m, ranks, args.probes)}  # fmt: skip
+               "host_waits": host_waits(m, ranks, probes(name, ranks.backend, args))}  # fmt: skip
         if m["times"]:
             row.update(step_ms=statistics.median(m["times"]), round_ms=m["times"])
         mine["variants"][name] = row
@@ -210,8 +220,10 @@ def worker(args: argparse.Namespace) -> None:
 
 def probe_nccl_shared() -> None:
     """Two NCCL ranks on GPU 0 (under torchrun): what NCCL answers to an all-reduce."""
+    from datetime import timedelta
+
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", timeout=timedelta(seconds=40))
     x = torch.ones(4, device="cuda")
     dist.all_reduce(x)
     torch.cuda.synchronize()
@@ -228,7 +240,7 @@ def launch(n: int, args: argparse.Namespace, extra: list[str], timeout: float) -
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return -9, f"timed out after {timeout} s\n{out[-3000:]}"
-    return done.returncode, (done.stdout + done.stderr)[-4000:]
+    return done.returncode, done.stdout + done.stderr
 
 
 def measure(n: int, backend: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -243,7 +255,7 @@ def measure(n: int, backend: str, args: argparse.Namespace, tmp: Path) -> dict[s
     out: dict[str, Any] = {"world_size": n, "backend": backend, "rc": rc, "ranks": ranks,
                            "sync_free_per_rank": sync}  # fmt: skip
     if rc != 0 or len(ranks) < n:
-        out["log_tail"] = log
+        out["log_tail"] = log[-4000:]
     if ranks:
         out["variants"] = {}
         for name in ranks[0]["variants"]:
@@ -296,10 +308,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "quick": args.quick, "steps": args.steps, "rounds": args.rounds,
                               "global_batch": base_config(args.quick).agent.batch_size}  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="bench_ddp_gpu-"))
-    if gpus < args.world:  # what NCCL says to ranks sharing a GPU
-        rc, log = launch(2, args, ["--probe"], 120)
-        result["nccl_two_ranks_one_gpu"] = {"rc": rc, "log_tail": log[-1500:]}
-        print(f"NCCL, 2 ranks on one GPU: rc {rc}", flush=True)
+    probe = None
+    if gpus < args.world:  # what NCCL says to ranks sharing a GPU (beside the first launch)
+        from concurrent.futures import ThreadPoolExecutor
+
+        probe = ThreadPoolExecutor(1).submit(launch, 2, args, ["--probe"], 60)
     for n, b in ((1, "nccl"), (args.world, backend)):
         key = f"world{n}_{b}"
         result[key] = measure(n, b, args, tmp)
@@ -312,6 +325,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"ms), sync-free {v['sync_free']}", flush=True)  # fmt: skip
         if "log_tail" in result[key]:
             print(result[key]["log_tail"], flush=True)
+        write(args.out, result)  # what is measured so far survives a later part's failure
+        if probe is not None:
+            rc, log = probe.result()
+            said = [
+                line[:400]
+                for line in log.splitlines()
+                if any(w in line for w in ("NCCL", "nccl", "Duplicate", "Error", "gave"))
+            ]
+            result["nccl_two_ranks_one_gpu"] = {"rc": rc, "said": said[:12]}
+            print(f"NCCL, 2 ranks on one GPU: rc {rc}", *said[:6], sep="\n", flush=True)
+            probe = None
     one = result["world1_nccl"].get("variants")
     many = result[f"world{args.world}_{backend}"].get("variants")
     if one and many:  # ratios of step times at the same global batch: > 1 = the first slower
@@ -338,9 +362,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except SystemExit as e:  # a failed layout: keep what the steps measured
             result["train"] = {"error": str(e)[-3000:]}
             print(result["train"]["error"], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write(args.out, result)
     return result
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
