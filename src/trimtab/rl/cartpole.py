@@ -55,14 +55,12 @@ def cartpole_dynamics(state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         LENGTH * (4.0 / 3.0 - MASSPOLE * costheta.square() / TOTAL_MASS)
     )
     xacc = temp - POLEMASS_LENGTH * thetaacc * costheta / TOTAL_MASS
-    nxt = torch.stack(
-        [x + TAU * x_dot, x_dot + TAU * xacc, theta + TAU * theta_dot, theta_dot + TAU * thetaacc],
-        dim=-1,
-    )
-    # Gymnasium's four comparisons, as written there
+    # x += tau x_dot, ... for the four components at once: per element the same multiply and
+    # add as Gymnasium's four lines (three tensor ops instead of nine, which the CPU notices)
+    nxt = state + TAU * torch.stack([x_dot, xacc, theta_dot, thetaacc], dim=-1)
+    # Gymnasium's x < -2.4 or x > 2.4 (and theta's) is |x| > 2.4: the same for every float
     x, theta = nxt[..., 0], nxt[..., 2]
-    out_x = (x < -X_THRESHOLD) | (x > X_THRESHOLD)
-    terminated = out_x | (theta < -THETA_THRESHOLD) | (theta > THETA_THRESHOLD)
+    terminated = (x.abs() > X_THRESHOLD) | (theta.abs() > THETA_THRESHOLD)
     return nxt, terminated
 
 
