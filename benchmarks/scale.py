@@ -162,6 +162,7 @@ def record(t: Trial, status: str, summary: dict | None, seconds: float, error: s
         rec["error"] = error[-2000:]
     if not summary:
         return rec
+    rec["seconds"] = summary.get("seconds", rec["seconds"])  # the run's own, over resumes
     rec["halted"] = summary.get("halted")
     rec["run_commit"] = (summary.get("identity") or {}).get("commit")  # the source it ran
     if t.env == "cartpole" and summary.get("eval"):
