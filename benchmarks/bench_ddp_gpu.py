@@ -26,15 +26,17 @@ rank):
   whose runtime statistics wait on CUDA events every 100th iteration (``AgentDDP`` turns them
   off after the first 10: ``trimtab.rl.ddp.NO_RUNTIME_STATS``).
 
-Per variant also: **host waits**, pairs of learn steps, each pair issued behind a
-``torch.cuda._sleep`` of about 60 ms on the device (idle before it; an eager step's launches
-take the host about 20 ms): a step whose host time exceeds the median of the pairs' first
-steps by half the sleep waited for the device (a wait on work of the step before, such as
-DDP's events, shows in a pair's second step). ``--probes`` pairs (enough to span DDP's
-100-iteration statistics cadence) for ``ddp_rc`` and ``ddp_torch_default`` on NCCL, 3 for the
-others. ``set_sync_debug_mode`` sees stream and device synchronisations only, not
-``cudaEventSynchronize`` nor a collective that waits in host memory. And ``sync_free``: three
-steps under ``torch.cuda.set_sync_debug_mode("error")`` ("yes" or the error). The sync check
+Per variant also, on every rank: **host waits**, ``--probes`` pairs of learn steps, each pair
+issued behind a ``torch.cuda._sleep`` of about 60 ms on an idle device (an eager step's
+launches take the host about 20 ms): a pair's first step whose host time exceeds half the sleep
+waited for the device (:func:`analyse_waits`; the second step's time is no test: it also
+waits for launch-queue space). **Host syncs**, counted over ``--count-steps`` steps (enough to
+span DDP's 100-iteration statistics cadence) for ``ddp_rc`` and ``ddp_torch_default`` on NCCL,
+20 for the others, through torch's GPU trace (``torch.cuda._gpu_trace``, the CUDA sanitizer's
+hooks), which sees ``CUDAEvent.synchronize`` as well as stream and device synchronisations,
+with one event and one stream synchronisation after the steps as a control that it counts
+them. And ``sync_free``: three steps under ``torch.cuda.set_sync_debug_mode("error")`` ("yes"
+or the error), which sees stream and device synchronisations only. The sync check
 runs last and each rank exits right after it (a rank that raised would otherwise leave the other
 waiting in a collective). ``--train-steps S``: also
 ``bench_ddp.py --device cuda`` (``trimtab train``, 1 fold, S gradient steps split over the
@@ -64,7 +66,7 @@ from trimtab.benchmarking import provenance
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ddp_h200.json"
 SLEEP_CYCLES = 120_000_000  # torch.cuda._sleep: about 60 ms at the H200's 1.98 GHz
-FEW_PROBES = 3  # pairs for the variants whose waits are not the question
+FEW_COUNTED = 20  # steps counted for the variants whose DDP statistics are not the question
 TORCH_SAMPLE_RATE = (
     100  # DDP's runtime statistics cadence by default (kDDPRuntimeLoggingSampleRate)
 )
@@ -131,7 +133,7 @@ def _barrier(ranks: Any) -> None:
 
 def host_waits(m: dict[str, Any], ranks: Any, pairs: int) -> dict[str, Any]:
     """``pairs`` pairs of learn steps, each behind a device sleep: the host ms of every step,
-    the sleep's ms, and which steps waited for the device (module docstring)."""
+    the sleep's ms, and :func:`analyse_waits` of them."""
     host, sleeps = [], []
     for _ in range(pairs):
         torch.cuda.synchronize()
@@ -146,16 +148,62 @@ def host_waits(m: dict[str, Any], ranks: Any, pairs: int) -> dict[str, Any]:
             host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
         sleeps.append(start.elapsed_time(end))
-    sleep_ms = min(sleeps)
-    base = statistics.median(host[::2])  # first steps: nothing before them is pending
-    waited = [i for i, h in enumerate(host) if h > base + sleep_ms / 2]
-    return {"sleep_ms": sleep_ms, "steps": len(host), "waited": waited,
-            "host_ms_median": statistics.median(host), "host_ms": host}  # fmt: skip
+    return {"sleep_ms": min(sleeps), "host_ms": host, **analyse_waits(host, min(sleeps))}
+
+
+def analyse_waits(host_ms: list[float], sleep_ms: float) -> dict[str, Any]:
+    """A pair's first step starts on an empty launch queue, with nothing of the learner pending
+    but the sleep: if its host time exceeds half the sleep, the step waited for the device.
+    The second step's time is no such test: it can wait for launch-queue space (an eager step
+    issues several hundred launches, which queue behind the sleep) as well as for a sync."""
+    first, second = host_ms[::2], host_ms[1::2]
+    return {
+        "pairs": len(first),
+        "first_steps_waited": sum(h > sleep_ms / 2 for h in first),
+        "first_step_host_ms_median": statistics.median(first),
+        "second_step_host_ms_median": statistics.median(second),
+    }
+
+
+#: the host syncs counted by torch's GPU trace (torch.cuda._gpu_trace, the CUDA sanitizer's
+#: hooks): c10's stream and device synchronisations, at::cuda::CUDAEvent::synchronize
+SYNC_KINDS = ("event", "stream", "device")
+_SYNCS: dict[str, int] = {}
+
+
+def count_syncs(m: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Host synchronisations in ``steps`` learn steps, by kind, counted through torch's GPU
+    trace (which also sees ``cudaEventSynchronize``, unlike ``set_sync_debug_mode``); then one
+    event and one stream synchronisation as a control that the counting sees them."""
+    from torch.cuda import _gpu_trace
+
+    if not _SYNCS:  # once per process: the trace cannot be turned off again
+        torch._C._activate_gpu_trace()
+
+        def bump(kind: str) -> Any:
+            return lambda *_: _SYNCS.__setitem__(kind, _SYNCS[kind] + 1)
+
+        _gpu_trace.register_callback_for_event_synchronization(bump("event"))
+        _gpu_trace.register_callback_for_stream_synchronization(bump("stream"))
+        _gpu_trace.register_callback_for_device_synchronization(bump("device"))
+    torch.cuda.synchronize()
+    _SYNCS.update(dict.fromkeys(SYNC_KINDS, 0))
+    _steps(m, steps)
+    in_steps = dict(_SYNCS)
+    event = torch.cuda.Event()
+    event.record()
+    event.synchronize()
+    torch.cuda.current_stream().synchronize()
+    control = {k: _SYNCS[k] - in_steps[k] for k in SYNC_KINDS}
+    torch.cuda.synchronize()
+    return {"steps": steps, "syncs": in_steps, "control_seen": control}
 
 
 def probes(name: str, backend: str, args: argparse.Namespace) -> int:
+    """Steps whose host syncs are counted: ``--count-steps`` (enough to span DDP's
+    100-iteration statistics cadence) for the DDP variants on NCCL, 20 for the others."""
     long = name in ("ddp_rc", "ddp_torch_default") and backend == "nccl"
-    return args.probes if long else min(args.probes, FEW_PROBES)
+    return args.count_steps if long else min(args.count_steps, FEW_COUNTED)
 
 
 def sync_check(m: dict[str, Any]) -> str:
@@ -204,13 +252,16 @@ def worker(args: argparse.Namespace) -> None:
                             "device": str(ranks.device), "variants": {}}  # fmt: skip
     for name, m in built.items():
         row = {"batch_per_rank": m["batch"], "build_s": m["build_s"],
-               "host_waits": host_waits(m, ranks, probes(name, ranks.backend, args))}  # fmt: skip
+               "host_waits": host_waits(m, ranks, args.probes)}  # fmt: skip
         if m["times"]:
             row.update(step_ms=statistics.median(m["times"]), round_ms=m["times"])
         mine["variants"][name] = row
     (part / f"rank{ranks.rank}.json").write_text(json.dumps(mine))
     torch.cuda.synchronize()
     _barrier(ranks)
+    for name, m in built.items():  # the GPU trace stays on: last but for the sync check
+        mine["variants"][name]["host_syncs"] = count_syncs(m, probes(name, ranks.backend, args))
+    (part / f"rank{ranks.rank}.json").write_text(json.dumps(mine))
     sync = {name: sync_check(m) for name, m in built.items()}
     (part / f"sync{ranks.rank}.json").write_text(json.dumps(sync))
     print(f"rank {ranks.rank}: sync-free {sync}", flush=True)
@@ -248,6 +299,7 @@ def measure(n: int, backend: str, args: argparse.Namespace, tmp: Path) -> dict[s
     part.mkdir()
     extra = ["--worker", "--part", str(part), "--backend", backend, "--steps", str(args.steps),
              "--rounds", str(args.rounds), "--probes", str(args.probes),
+             "--count-steps", str(args.count_steps),
              *(["--quick"] if args.quick else [])]  # fmt: skip
     rc, log = launch(n, args, extra, args.timeout)
     ranks = [json.loads(f.read_text()) for f in sorted(part.glob("rank*.json"))]
@@ -262,10 +314,11 @@ def measure(n: int, backend: str, args: argparse.Namespace, tmp: Path) -> dict[s
             rows = [r["variants"][name] for r in ranks]
             waits = [r["host_waits"] for r in rows]
             v: dict[str, Any] = {
-                "host_waits_per_rank": [len(w["waited"]) for w in waits],
-                "probed_steps": waits[0]["steps"],
+                "first_steps_waited_per_rank": [w["first_steps_waited"] for w in waits],
+                "pairs": waits[0]["pairs"],
                 "sleep_ms": min(w["sleep_ms"] for w in waits),
-                "host_ms_median": max(w["host_ms_median"] for w in waits),
+                "first_step_host_ms": max(w["first_step_host_ms_median"] for w in waits),
+                "host_syncs_per_rank": [r.get("host_syncs") for r in rows],
                 "sync_free": [s.get(name, "not run") for s in sync] or ["not run"],
             }
             if "step_ms" in rows[0]:
@@ -281,7 +334,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--world", type=int, default=2, help="ranks to compare with one process")
     p.add_argument("--steps", type=int, default=50, help="learn steps per timed round")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--probes", type=int, default=55, help="step pairs behind a device sleep")
+    p.add_argument("--probes", type=int, default=3, help="step pairs behind a device sleep")
+    p.add_argument("--count-steps", type=int, default=110, help="steps whose syncs are counted")
     p.add_argument("--quick", action="store_true", help="a tiny net, few steps")
     p.add_argument("--train-steps", type=int, default=0, help="also trimtab train (bench_ddp)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per torchrun launch")
@@ -302,6 +356,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--world must be at least 2 (it is compared with one process)")
     if args.quick:
         args.steps, args.rounds, args.probes = min(args.steps, 5), min(args.rounds, 2), 2
+        args.count_steps = min(args.count_steps, 4)
     gpus = torch.cuda.device_count()
     backend = "nccl" if gpus >= args.world else "gloo"
     result: dict[str, Any] = {"benchmark": "ddp_gpu", **provenance("cuda"), "gpus": gpus,
@@ -320,9 +375,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             timing = ""
             if "step_ms" in v:
                 timing = f"{v['step_ms']:.3f} ms/step, {v['samples_per_s']:,.0f} samples/s, "
-            print(f"{key} {name}: {timing}host waited in {v['host_waits_per_rank']} of "
-                  f"{v['probed_steps']} steps per rank (median host {v['host_ms_median']:.2f} "
-                  f"ms), sync-free {v['sync_free']}", flush=True)  # fmt: skip
+            syncs = [c and (c["syncs"], c["steps"], c["control_seen"])
+                     for c in v["host_syncs_per_rank"]]  # fmt: skip
+            print(f"{key} {name}: {timing}first steps behind a {v['sleep_ms']:.0f} ms sleep: "
+                  f"{v['first_step_host_ms']:.1f} ms host, waited in "
+                  f"{v['first_steps_waited_per_rank']} of {v['pairs']}; host syncs (in steps, "
+                  f"control) {syncs}; sync-free {v['sync_free']}", flush=True)  # fmt: skip
         if "log_tail" in result[key]:
             print(result[key]["log_tail"], flush=True)
         write(args.out, result)  # what is measured so far survives a later part's failure
