@@ -4,6 +4,8 @@ in the same pass, so a check can never see sanitised data (design invariant 4).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from trimtab._impl import resolve_impl
@@ -153,25 +155,25 @@ def guard_(
 
 
 def _clamp_reference_(x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> None:
-    """The torch reference of the clamp: same arithmetic and dtype as the kernel, no sync."""
+    """The torch reference of the clamp: same arithmetic and dtype as the kernel, no sync.
+
+    Written as whole-tensor passes without a boolean mask (masks are slow on the CPU):
+    ``s`` = ``x`` with NaN/±Inf replaced by +0, then ``copysign(min(|s|, b), s)``; a finite
+    value is engaged exactly where that differs from ``s``, and ``y - y`` is nonzero (NaN)
+    exactly where ``y`` is not finite."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = x.detach().to(acc)
-    a = y.abs()
-    finite = torch.isfinite(y)
-    if isinstance(bound, torch.Tensor):
-        b = bound.reshape(()).to(acc)
-        b = torch.where(b < 0, 0.0, b)
-        engaged = finite & (a > b)
-        clamped = torch.where(y > 0, b, -b)
-    else:
-        engaged = finite & (a > bound)
-        clamped = torch.full_like(y, bound).copysign_(torch.where(y > 0, 1.0, -1.0))
-    out = torch.where(finite, torch.where(engaged, clamped, y), 0.0)
-    x.detach().copy_(out)
+    if counter is not None and counter.numel() == 2:
+        counter[1:].add_(torch.count_nonzero(y - y))
+    s = torch.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
+    b: Bound = bound
+    if isinstance(bound, torch.Tensor):  # negative: 0; NaN (unset): no clamp
+        b = torch.where(bound.reshape(()) < 0, 0.0, bound.reshape(())).to(acc)
+        b = b.nan_to_num_(nan=math.inf)
+    out = torch.abs(s).clamp_max_(b).copysign_(s)
     if counter is not None:
-        counter[:1].add_(engaged.sum())
-        if counter.numel() == 2:
-            counter[1:].add_((~finite).sum())
+        counter[:1].add_(torch.count_nonzero(s - out))
+    x.detach().copy_(out)
 
 
 def _validate(x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> Bound:
