@@ -9,6 +9,9 @@
 #   train  bench_ddp.py --device cuda --full: the default `trimtab train`, 1 process against
 #          one per GPU: wall time and fold table (about 2 min on 1 GPU, longer eager under DDP)
 #   TRIMTAB_COMMIT=<hash> bash benchmarks/h200_ddp.sh [bench] [tests] [train]
+# On 2 GPUs (kind nvidia-h200-x2): `bench tests` in one call (about 3-4 min), `train` in another
+# (the default run captured on 1 GPU, about 110 s, then eager under DDP on 2: unmeasured).
+# One GPU (2 ranks sharing it through gloo) ran `bench tests` at dce95fe: README, ddp_h200_1gpu.json
 set -uo pipefail
 out=${OUT:-benchmarks/results}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
@@ -22,7 +25,7 @@ for part in "${parts[@]}"; do
   case $part in
     bench)
       timeout ${BENCH_TIMEOUT:-170} python3 benchmarks/bench_ddp_gpu.py --world "$world" \
-        --steps 30 --rounds 3 --probes 50 --timeout 110 --out "$out/ddp_h200_${gpus}gpu.json" ;;
+        --steps 30 --rounds 3 --timeout 110 --out "$out/ddp_h200_${gpus}gpu.json" ;;
     tests)
       timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider \
         tests/rl/test_ddp_gpu.py 2>&1 | tail -25 ;;
