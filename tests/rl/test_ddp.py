@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.configio import ConfigError
@@ -88,3 +89,7 @@ def test_bad_setups_are_named(
         Ranks.init("cuda:1")
     with pytest.raises(ConfigError, match="choose one of"):
         Ranks.init("cpu", "mpi")
+    # more ranks on this node than GPUs: NCCL would refuse a shared GPU (no CUDA: said first)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(torch.cuda.device_count() + 1))
+    with pytest.raises(ConfigError, match=r"NCCL refuses two ranks|sees no CUDA device"):
+        Ranks.init("cuda", "nccl")
