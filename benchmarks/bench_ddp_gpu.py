@@ -2,8 +2,8 @@
 process at the same global batch, the cost of the rank-consistent bounds and sentinel over plain
 DDP, and whether each variant's step leaves the host free of the device.
 
-    python benchmarks/bench_ddp_gpu.py [--world 2] [--steps 50] [--rounds 5] [--quick] \\
-        [--train-steps 0] [--out benchmarks/results/ddp_h200.json]
+    python benchmarks/bench_ddp_gpu.py [--world 2] [--steps 50] [--rounds 5] [--probes 3] \\
+        [--count-steps 110] [--train-steps 0] [--quick] [--out benchmarks/results/ddp_h200.json]
 
 The driver launches ``torchrun --nproc-per-node N`` of this file (``--worker``) for N = 1 and
 N = ``--world``. One process per GPU on NCCL; where the node has fewer GPUs than ``--world``,
