@@ -50,7 +50,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(ints[t.element_size()]).cpu()
 
 
-BOUNDS = ("float", "tensor", "nan_tensor", "negative_tensor", "zero")
+BOUNDS = ("float", "tensor", "nan_tensor", "nan_float", "negative_tensor", "zero")
 
 
 def make_bound(kind: str, device):
@@ -59,6 +59,7 @@ def make_bound(kind: str, device):
         "zero": 0.0,
         "tensor": torch.tensor([1.75], device=device),
         "nan_tensor": torch.tensor([math.nan], device=device),
+        "nan_float": math.nan,  # unset: sanitise only
         "negative_tensor": torch.tensor([-1.0], device=device),
     }[kind]
 

@@ -166,8 +166,9 @@ def _clamp_reference_(x: torch.Tensor, bound: Bound, counter: torch.Tensor | Non
     if counter is not None and counter.numel() == 2:
         counter[1:].add_(torch.count_nonzero(y - y))
     s = torch.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
-    b: Bound = bound
-    if isinstance(bound, torch.Tensor):  # negative: 0; NaN (unset): no clamp
+    # NaN (unset): no clamp; a negative tensor bound: 0
+    b: Bound = math.inf if isinstance(bound, float) and math.isnan(bound) else bound
+    if isinstance(bound, torch.Tensor):
         b = torch.where(bound.reshape(()) < 0, 0.0, bound.reshape(())).to(acc)
         b = b.nan_to_num_(nan=math.inf)
     out = torch.abs(s).clamp_max_(b).copysign_(s)
