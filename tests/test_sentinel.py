@@ -60,23 +60,34 @@ def assert_same_state(a: Sentinel, b: Sentinel) -> None:
         torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0, equal_nan=True, msg=k)
 
 
-def make_pair(device, thr: torch.Tensor, gen: torch.Generator):
-    """The same slots (every dtype and size, three phases) in a torch and a triton sentinel."""
+PHASES = ("forward", "backward", "optimizer")
+
+
+def make_pair(device, thr: torch.Tensor, gen: torch.Generator, grouped: bool = False):
+    """The same slots (every dtype and size, three phases) in a torch and a triton sentinel;
+    ``grouped``: added phase by phase (a phase's slots consecutive, as the trainer adds them:
+    the reference's slice path), else interleaved (its indexed path)."""
     sentinels = [Sentinel(device, impl=impl) for impl in IMPLS]
     tensors = []
+    slots = []
     for i, (n, dtype) in enumerate((n, d) for n in SIZES for d in DTYPES):
         x = (torch.randn(n, generator=gen) * 3).to(dtype).to(device)
         tensors.append(x)
         rule = Rule.above(thr, factor=1.5, name="thr") if i % 2 else Rule.nonfinite()
-        for s in sentinels:
-            s.add(f"t{i}", x, rule, phase=("forward", "backward", "optimizer")[i % 3])
+        slots.append((f"t{i}", x, rule, PHASES[i % 3]))
+    if grouped:
+        slots.sort(key=lambda slot: PHASES.index(slot[3]))
+    for s in sentinels:
+        for name, x, rule, phase in slots:
+            s.add(name, x, rule, phase=phase)
     return sentinels, tensors
 
 
-def test_kernel_matches_reference_over_steps(kernel_device):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_kernel_matches_reference_over_steps(kernel_device, grouped):
     gen = torch.Generator().manual_seed(0)
     thr = torch.tensor([4.0], device=kernel_device)
-    (ref, ker), tensors = make_pair(kernel_device, thr, gen)
+    (ref, ker), tensors = make_pair(kernel_device, thr, gen, grouped)
     for step in range(6):
         victim = tensors[int(torch.randint(len(tensors), (1,), generator=gen))]
         sprinkle(victim, gen, 2)
@@ -88,6 +99,8 @@ def test_kernel_matches_reference_over_steps(kernel_device):
     assert ref.to_dict() == ker.to_dict()  # (to_dict: NaN values as strings compare equal)
     assert len(ker.report()) > 5
     assert ker._state.tensors["done"].abs().sum() == 0  # arrival counters left clean
+    spans = [launch.span is not None for launch in ref._state._launches.values()]
+    assert all(spans) if grouped else not all(spans)  # both reference paths were compared
 
 
 @pytest.mark.parametrize("impl", IMPLS)

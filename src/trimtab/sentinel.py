@@ -165,6 +165,7 @@ class Sentinel:
         self._state = SentinelState(torch.device(device) if device is not None else None)
         self._impl = impl
         self._slots: dict[str, _Slot] = {}
+        self._checked: dict[str | None, list[_Slot]] = {}  # per phase, cleared by add()
         #: Per slot, the rank whose record it holds (int64 device tensor; -1: a record not
         #: merged yet), written by :class:`trimtab.distributed.RankConsistent` when it merges
         #: the ranks' records.
@@ -208,6 +209,7 @@ class Sentinel:
         if isinstance(rule.threshold, torch.Tensor):
             self._state.adopt_device(rule.threshold.device, f"slot {name!r} threshold")
         self._slots[name] = _Slot(name, src, rule, phase, len(self._slots))
+        self._checked.clear()
         self._state.add_slot(rule.threshold, rule.factor, phase)
 
     def _validate_tensor(self, name: str, t: Any) -> None:
@@ -241,15 +243,26 @@ class Sentinel:
             raise ValueError(
                 f"unknown phase {phase!r}; this sentinel's phases are {list(self._state.phases)}"
             )
+        slots = self._checked.get(phase)
+        if slots is None:  # the slots a check of this phase reads, listed once per layout
+            slots = self._checked[phase] = [
+                s for s in self._slots.values()
+                if s.source is not None and (phase is None or s.phase == phase)
+            ]  # fmt: skip
         tensors: list[torch.Tensor] = []
         ids: list[int] = []
-        for s in self._slots.values():
-            if s.source is None or (phase is not None and s.phase != phase):
-                continue
+        device = self._state.device
+        for s in slots:
             t = s.source if isinstance(s.source, torch.Tensor) else s.source()
             if t is None:
                 continue
-            self._validate_tensor(s.name, t)
+            # the common case in one test; _validate_tensor names what is wrong, or adopts
+            # the first device the sentinel sees
+            if not (
+                isinstance(t, torch.Tensor) and t.dtype in SUPPORTED_DTYPES and t.device == device
+            ):
+                self._validate_tensor(s.name, t)
+                device = self._state.device
             tensors.append(t.detach())
             ids.append(s.index)
         # The kernel reads contiguous tensors only; the reference reads any layout.

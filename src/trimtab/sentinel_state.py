@@ -38,6 +38,13 @@ class Launch:
     entry_code: torch.Tensor  # int32 [k]: dtype code
     entry_phase: torch.Tensor  # int64 [k]: counter index of each tensor's phase
     inc: torch.Tensor  # int64 [phases + 1]: added to the counters by this launch
+    factor: torch.Tensor  # float64 [k]: each tensor's slot factor (the reference's arithmetic)
+    #: ``(a, b)`` when the checked slots are ``a, ..., b - 1`` in order (the reference then
+    #: reads and writes their records as slices, not by index); None otherwise.
+    span: tuple[int, int] | None
+    #: The counter index of every entry when they share one phase (a check of one phase), so
+    #: the reference reads the step as a view; None for a check of every phase.
+    phase_index: int | None
 
 
 class SentinelState:
@@ -132,12 +139,19 @@ class SentinelState:
             inc[i] = int(phase is None or name == phase)
         inc[-1] = 1
         phase_idx = [self.slot_phase[i] for i in ids]
+        ids = list(ids)
+        contiguous = bool(ids) and ids == list(range(ids[0], ids[0] + len(ids)))
         launch = Launch(
             entry_slot=torch.tensor(ids, dtype=torch.int32, device=dev),
             entry_index=torch.tensor(ids, dtype=torch.int64, device=dev),
             entry_code=torch.tensor([_CODES[d] for d in dtypes], dtype=torch.int32, device=dev),
             entry_phase=torch.tensor(phase_idx, dtype=torch.int64, device=dev),
             inc=torch.tensor(inc, dtype=torch.int64, device=dev),
+            factor=torch.tensor(
+                [self.slot_factors[i] for i in ids], dtype=torch.float32, device=dev
+            ).double(),
+            span=(ids[0], ids[0] + len(ids)) if contiguous else None,
+            phase_index=phase_idx[0] if len(set(phase_idx)) == 1 else None,
         )
         self._launches[key] = launch
         return launch
@@ -216,6 +230,26 @@ def abs_max_many(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack(amax).double()
 
 
+def _first_firings(
+    amax: torch.Tensor,
+    step: torch.Tensor,
+    thr: torch.Tensor,
+    factor: torch.Tensor,
+    prev_seq: torch.Tensor,
+    gseq: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, fresh)`` of ``k`` slots: bool ``[k]``, do they fire now for the first time, and
+    int64 ``[3, k]``, the records they would get (check number ``gseq + 1``, ``step``, kind).
+    A slot fires on a non-finite ``amax`` or ``amax > thr * factor`` in float64 (a NaN
+    threshold never does)."""
+    finite = torch.isfinite(amax)
+    fired = (amax > thr.to(torch.float64) * factor.to(torch.float64)) | ~finite
+    first = fired & (prev_seq == 0)
+    kind = torch.where(finite, 3, torch.where(torch.isnan(amax), 1, 2))
+    fresh = torch.stack([(gseq + 1).expand_as(kind), step.expand_as(kind), kind])
+    return first, fresh
+
+
 def record_reference(
     state: dict[str, torch.Tensor],
     index: torch.Tensor,
@@ -225,18 +259,12 @@ def record_reference(
     factor: torch.Tensor,
 ) -> None:
     """Record first firings of slots ``index`` (int64 [k], distinct) from their ``amax``
-    (float64 [k]) at ``step`` (int64 [k]); the check number is ``counters[-1] + 1``. No sync."""
-    rec = state["rec"]
-    gseq = state["counters"][-1]
-    has_nan, has_inf = torch.isnan(amax), torch.isinf(amax)
-    fired = has_nan | has_inf | (amax > thr.to(torch.float64) * factor.to(torch.float64))
-    kind = torch.where(has_nan, 1, torch.where(has_inf, 2, 3)).to(torch.int64)
-    prev = rec[0].index_select(0, index)
-    first = fired & (prev == 0)
-    rec[0].index_copy_(0, index, torch.where(first, gseq + 1, prev))
-    rec[1].index_copy_(0, index, torch.where(first, step, rec[1].index_select(0, index)))
-    rec[2].index_copy_(0, index, torch.where(first, kind, rec[2].index_select(0, index)))
-    value = state["value"]
+    (float64 [k]) at ``step`` (int64 [k], or 0-dim for all); the check number is
+    ``counters[-1] + 1``. No sync."""
+    rec, value = state["rec"], state["value"]
+    prev = rec.index_select(1, index)
+    first, fresh = _first_firings(amax, step, thr, factor, prev[0], state["counters"][-1])
+    rec.index_copy_(1, index, torch.where(first, fresh, prev))
     value.index_copy_(0, index, torch.where(first, amax, value.index_select(0, index)))
 
 
@@ -246,10 +274,22 @@ def check_reference(
     state: dict[str, torch.Tensor],
     thresholds: Sequence[torch.Tensor],
 ) -> None:
-    """The torch reference of one check launch: per tensor one abs-amax, then the records."""
+    """The torch reference of one check launch: the abs-max of every tensor in two multi-tensor
+    ops, then every record of the launch at once (as slices of the records when its slots are
+    consecutive: a check of one phase of slots added phase by phase)."""
     amax = abs_max_many(tensors)
     thr = torch.stack(list(thresholds))
-    step = state["counters"].index_select(0, launch.entry_phase)
-    factor = state["factors"].index_select(0, launch.entry_index)
-    record_reference(state, launch.entry_index, amax, step, thr, factor)
-    state["counters"].add_(launch.inc)
+    counters = state["counters"]
+    if launch.phase_index is not None:
+        step = counters[launch.phase_index]
+    else:
+        step = counters.index_select(0, launch.entry_phase)
+    if launch.span is None:
+        record_reference(state, launch.entry_index, amax, step, thr, launch.factor)
+    else:
+        a, b = launch.span
+        prev, prev_value = state["rec"][:, a:b], state["value"][a:b]
+        first, fresh = _first_firings(amax, step, thr, launch.factor, prev[0], counters[-1])
+        torch.where(first, fresh, prev, out=prev)  # in place: out is exactly the input prev
+        torch.where(first, amax, prev_value, out=prev_value)
+    counters.add_(launch.inc)
