@@ -240,9 +240,9 @@ def _first_firings(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first, fresh)`` of ``k`` slots: bool ``[k]``, do they fire now for the first time, and
     int64 ``[3, k]``, the records they would get (check number ``gseq + 1``, ``step``, kind).
-    A slot fires on a non-finite ``amax`` or ``amax > thr * factor`` in float64 (a NaN
-    threshold never does)."""
-    finite = torch.isfinite(amax)
+    A slot fires on a non-finite ``amax`` (a max |x|: >= 0, +Inf or NaN) or on
+    ``amax > thr * factor`` in float64 (a NaN threshold never does)."""
+    finite = amax < math.inf  # isfinite for a max |x|, in one comparison instead of four
     fired = (amax > thr.to(torch.float64) * factor.to(torch.float64)) | ~finite
     first = fired & (prev_seq == 0)
     kind = torch.where(finite, 3, torch.where(torch.isnan(amax), 1, 2))

@@ -147,3 +147,29 @@ def test_without_dueling_each_branch_is_one_plain_mlp():
     mask = net.action_mask.float()[None, :, :, None]
     means = (out * mask).sum(2) / mask.sum(2)
     assert not torch.allclose(means[:, 0], means[:, 1])
+
+
+@pytest.mark.parametrize(
+    ("lead", "branches", "width", "out"),
+    [((128,), 1, 120, 84), ((128,), 1, 84, 202), ((64,), 4, 33, 17), ((5, 8), 3, 7, 1),
+     ((0,), 2, 3, 4), ((1,), 1, 1, 1)],
+)  # fmt: skip
+def test_branch_linear_is_one_linear_layer_per_branch(lead, branches, width, out):
+    """Each branch's output is its own ``x_d W_d + b_d``; the batched product gives exactly the
+    numbers of the einsum it replaced (forward, and every gradient), so training is unchanged."""
+    from trimtab.rl.networks import _BranchLinear
+
+    torch.manual_seed(0)
+    layer = _BranchLinear(branches, width, out)
+    x = torch.randn(*lead, branches, width, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (*lead, branches, out)
+    for d in range(branches):
+        expected = x[..., d, :] @ layer.weight[d] + layer.bias[d]
+        torch.testing.assert_close(y[..., d, :], expected)
+    einsum = torch.einsum("...di,dio->...do", x, layer.weight) + layer.bias
+    assert torch.equal(y, einsum)
+    grad = torch.randn_like(y)
+    ours = torch.autograd.grad(y, [x, layer.weight, layer.bias], grad)
+    theirs = torch.autograd.grad(einsum, [x, layer.weight, layer.bias], grad)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))

@@ -34,7 +34,10 @@ def expected_q(logits: Tensor, atoms: Tensor, action_mask: Tensor) -> Tensor:
 
 
 class _BranchLinear(nn.Module):
-    """``D`` independent linear layers in one einsum: ``[..., D, in] -> [..., D, out]``."""
+    """``D`` independent linear layers in one batched matrix product with the bias added in it
+    (``baddbmm``): ``[..., D, in] -> [..., D, out]``. The same numbers as
+    ``einsum("...di,dio->...do") + bias`` on the CPU, bitwise (tested), in about half the time
+    at CartPole's sizes."""
 
     def __init__(self, n_branches: int, in_features: int, out_features: int) -> None:
         super().__init__()
@@ -45,7 +48,10 @@ class _BranchLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(n_branches, out_features).uniform_(-bound, bound))
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.einsum("...di,dio->...do", x, self.weight) + self.bias
+        d, width = x.shape[-2:]
+        per_branch = x.reshape(-1, d, width).transpose(0, 1)  # [D, N, in]
+        y = torch.baddbmm(self.bias.unsqueeze(1), per_branch, self.weight)  # [D, N, out]
+        return y.transpose(0, 1).reshape(*x.shape[:-1], y.shape[-1])
 
 
 class _GatedResidualBlock(nn.Module):
