@@ -7,6 +7,7 @@ RUN_DIR`` can rebuild it at any time. Columns of ``metrics.csv`` are grouped by 
 
 from __future__ import annotations
 
+import csv
 import html
 import json
 from pathlib import Path
@@ -37,22 +38,41 @@ class ReportError(ValueError):
 
 
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
-    import pandas as pd
+    """The columns of a CSV of numbers (an empty cell is NaN) as float arrays; a column with
+    another value in it, as strings. (The csv module: pandas would add its import, a third of
+    a CartPole run's report.)"""
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    if not rows:
+        return {}
+    header, body = rows[0], rows[1:]
+    out: dict[str, np.ndarray] = {}
+    for j, name in enumerate(header):
+        cells = [r[j] if j < len(r) else "" for r in body]
+        try:
+            out[name] = np.array([float(c) if c else np.nan for c in cells], dtype=np.float64)
+        except ValueError:
+            out[name] = np.array(cells, dtype=object)
+    return out
 
-    frame = pd.read_csv(path)
-    return {c: frame[c].to_numpy() for c in frame.columns}
+
+def _figure(**kwargs: Any) -> Any:
+    """A matplotlib figure outside pyplot (no backend set, no figure manager: what a PNG
+    written by a library needs, without pyplot's import)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
 
 
 def _plot_equity(run: Path, summary: dict[str, Any], out: Path) -> Path | None:
-    import matplotlib.pyplot as plt
-
     folds = summary.get("folds", [])
     if not folds or not _market(summary):  # a Gymnasium run has no equity curve
         return None
     n = len(folds)
     cols = min(n, 3)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
+    fig = _figure(figsize=(5 * cols, 3.4 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, fold in zip(axes.flat, folds):
         k = fold["fold"]
         path = run / "folds" / f"fold_{k}.csv"
@@ -79,18 +99,16 @@ def _plot_equity(run: Path, summary: dict[str, Any], out: Path) -> Path | None:
     fig.suptitle("Out-of-sample equity per fold (greedy policy, net of costs)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return out
 
 
 def _plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> Path | None:
-    import matplotlib.pyplot as plt
-
     fname, title, ylabel, log = _PREFIXES[prefix]
     cols = [c for c in metrics if c.startswith(prefix)]
     if not cols or "step" not in metrics:
         return None
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig = _figure(figsize=(10, 4))
+    ax = fig.subplots()
     step = metrics["step"]
     plotted = False
     for c in cols:
@@ -117,7 +135,6 @@ def _plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> 
     fig.tight_layout()
     path = out_dir / fname
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -283,9 +300,6 @@ def _fold_table(summary: dict[str, Any]) -> str:
 
 def build_report(run_dir: str | Path) -> Path:
     """Write ``plots/*.png`` and ``report.html`` in ``run_dir``; return the HTML path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     run = Path(run_dir)
     summary_path = run / "summary.json"
     if not summary_path.is_file():
