@@ -265,13 +265,22 @@ class Sentinel:
                 device = self._state.device
             tensors.append(t.detach())
             ids.append(s.index)
-        # The kernel reads contiguous tensors only; the reference reads any layout.
-        strided = [self.names[i] for t, i in zip(tensors, ids) if not t.is_contiguous()]
-        why = (
-            f"slot {(strided or [''])[0]!r}: the kernel reads contiguous tensors only; pass a "
-            "contiguous tensor, or use Sentinel(impl='torch')"
+        # The kernel reads contiguous tensors only (the reference reads any layout): asked only
+        # where the kernel would otherwise run, named only where it was asked for. The tensors
+        # are all on the sentinel's device (checked above): the first stands for them all.
+        why = ""
+        if self._impl == "triton":
+            strided = [self.names[i] for t, i in zip(tensors, ids) if not t.is_contiguous()]
+            why = (
+                f"slot {(strided or [''])[0]!r}: the kernel reads contiguous tensors only; pass "
+                "a contiguous tensor, or use Sentinel(impl='torch')"
+            )
+        impl = resolve_impl(
+            self._impl,
+            tensors[:1],
+            fits=lambda: all(t.is_contiguous() for t in tensors),
+            why=why,
         )
-        impl = resolve_impl(self._impl, tensors, fits=not strided, why=why)
         state = self._state.materialize()
         launch = self._state.launch(phase, ids, [t.dtype for t in tensors])
         if not tensors:
