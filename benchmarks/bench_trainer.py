@@ -86,15 +86,19 @@ def prepare(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
     _sync(device)
     rate = 64 * env.n_envs / (time.perf_counter() - t0)
     return {"cfg": cfg, "env": env, "learner": learner, "replay": replay, "gen": gen, "obs": obs,
-            "env_steps_per_s": rate, "times": []}  # fmt: skip
+            "env_steps_per_s": rate, "times": [], "cpu_times": []}  # fmt: skip
 
 
 def time_updates(m: dict[str, Any], device: torch.device, steps: int) -> float:
+    """Wall time per step; also records this thread's CPU time per step in ``m["cpu_times"]``
+    (on the CPU, with one torch thread, the step's own compute: other jobs on a shared machine
+    inflate it far less than the wall time)."""
     _sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         m["learner"].learn_from(m["replay"], m["gen"], m["cfg"].agent.batch_size)
     _sync(device)
+    m["cpu_times"].append((time.thread_time() - c0) / steps)
     return (time.perf_counter() - t0) / steps
 
 
@@ -113,6 +117,9 @@ def measure_all(cfgs: dict[Any, TrainConfig], device: torch.device, steps: int, 
         rows[name] = {"env_steps_per_s": m["env_steps_per_s"], "grad_step_ms": ms,
                       "grad_steps_per_s": 1e3 / ms,
                       "round_ms": [round(t * 1e3, 3) for t in m["times"]]}  # fmt: skip
+        if device.type == "cpu":
+            rows[name]["grad_step_cpu_ms"] = statistics.median(m["cpu_times"]) * 1e3
+            rows[name]["round_cpu_ms"] = [round(t * 1e3, 3) for t in m["cpu_times"]]
         graph = m["learner"].sampled_graph
         if graph is not None:
             rows[name].update(captures=graph.captures, capture_s=graph.capture_seconds,
@@ -192,6 +199,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"benchmark": "trainer", **provenance(device), "quick": args.quick,
               "steps": steps, "rounds": 2 if args.quick else args.rounds, "modes": rows,
               "guard_overhead": overhead}  # fmt: skip
+    if device.type == "cpu":  # per round (the modes interleaved), then the median of those
+        per_round = [a / o for a, o in zip(rows["adaptive"]["round_cpu_ms"],
+                                           rows["off"]["round_cpu_ms"])]  # fmt: skip
+        result["guard_overhead_cpu_time"] = statistics.median(per_round)
+        result["guard_overhead_cpu_time_rounds"] = [round(r, 4) for r in per_round]
+        print(
+            f"guard overhead (adaptive / off), CPU time of the step: "
+            f"{result['guard_overhead_cpu_time']:.2f}x (median of "
+            f"{len(per_round)} rounds; min {min(per_round):.2f}, max {max(per_round):.2f})"
+        )
     if captured:
         c = captured["adaptive"]["grad_step_ms"] / captured["off"]["grad_step_ms"]
         print(

@@ -20,3 +20,6 @@ def test_bench_trainer_quick(tmp_path):
     for r in saved["modes"].values():
         assert r["env_steps_per_s"] > 0 and r["grad_steps_per_s"] > 0
     assert result["guard_overhead"] > 0
+    assert all(r["grad_step_cpu_ms"] > 0 for r in saved["modes"].values())  # CPU: CPU time too
+    assert saved["guard_overhead_cpu_time"] > 0
+    assert len(saved["guard_overhead_cpu_time_rounds"]) == 2  # one ratio per round
