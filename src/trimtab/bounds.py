@@ -192,7 +192,7 @@ class AdaptiveBounds:
         i = self._i(bound)
         v = self.values[i]
         v = torch.where(torch.isnan(v), self._obs[i], v)
-        return torch.where(torch.isnan(v), v, torch.fmax(v, self._floor))
+        return torch.maximum(v, self._floor)  # maximum keeps a NaN, max(v, floor) otherwise
 
     def read(self, bound: str) -> Tensor:
         """:meth:`bound`, reading the floor instead of NaN (for a support, which cannot be
