@@ -115,7 +115,7 @@ class Checks:
     parameter's gradient), ``optimizer`` (every weight and both Adam moments). ``guarded``
     names the buffers a clamp checks itself in the same pass (:func:`trimtab.guard_`): their
     slots are fed by the clamp, not read here. Thresholds come from state-vector slots: a bound
-    that a consumer uses, or a ``*_scale`` slot that :meth:`_watch` keeps at the largest threshold
+    that a consumer uses, or a ``*_scale`` slot that :meth:`_fold` keeps at the largest threshold
     this fold. Diagnostics never change training: with :attr:`enabled` False no check runs and
     every number of the step is unchanged (tested).
     """

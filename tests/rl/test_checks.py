@@ -1,0 +1,65 @@
+"""The trainer's sentinel wiring: the watched buffers' maxima and their one fold a step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from rl_helpers import tiny
+
+from trimtab.estimate import AdaptiveEMA
+from trimtab.lifecycle import Lifecycle, detached
+from trimtab.quantile import abs_quantiles
+from trimtab.rl.checks import WATCHED, finite_abs_max, watch_threshold
+from trimtab.rl.learner import build_learner
+
+
+def test_finite_abs_max_is_the_q1_quantile_of_abs_quantiles():
+    """The same float32 value as ``abs_quantiles(q=1)`` (the finite maximum; 0 with none) on
+    every dtype, empty tensors, and NaN, ±Inf, -0.0 and huge values sprinkled in."""
+    g = torch.Generator().manual_seed(0)
+    specials = [math.nan, math.inf, -math.inf, -0.0]
+    for trial in range(200):
+        tensors = []
+        for _ in range(1 + trial % 4):
+            n = int(torch.randint(0, 70, (1,), generator=g))
+            dtype = (torch.float32, torch.float16, torch.bfloat16, torch.float64)[trial % 4]
+            x = (torch.randn(n, generator=g) * 10.0 ** (trial % 9 - 4)).to(dtype)
+            for k in range(min(n, trial % 3)):
+                x[k * 7 % n] = specials[(trial + k) % 4]
+            if n and trial % 11 == 0:
+                x.fill_(math.nan)  # no finite element: 0
+            if n and trial % 13 == 0:
+                x[n // 2] = torch.finfo(dtype).max
+            tensors.append(x)
+        assert torch.equal(finite_abs_max(tensors), abs_quantiles(tensors, 1.0, impl="torch"))
+
+
+def test_one_fold_a_step_is_each_buffers_fold_after_its_check(tmp_path):
+    """The learn step measures obs/logits/loss (forward) and the trunk gradient (backward
+    heads) and folds them once: the threshold scales and the estimator are exactly those of a
+    fold right after each phase (the estimator's slots are independent), over many steps with
+    shifts of scale."""
+    with Lifecycle():
+        checks = build_learner(tiny(tmp_path), 5, [3], torch.device("cpu")).stability.checks
+    with detached():
+        reference = AdaptiveEMA(len(WATCHED))
+    scales = torch.full((len(WATCHED),), math.nan)
+    forward, heads = torch.tensor([True, True, True, False]), torch.tensor([False] * 3 + [True])
+    g = torch.Generator().manual_seed(1)
+    for step in range(120):
+        scale = 10.0 ** (step // 30)
+        values = {n: scale * torch.randn(64, generator=g) for n in WATCHED}
+        checks._measure({n: values[n] for n in WATCHED[:3]})
+        checks._measure({"grad_trunk": values["grad_trunk"]})
+        checks._fold()
+        obs = torch.stack([v.abs().max() for v in values.values()])
+        for mask in (forward, heads):  # the former order: one fold per phase
+            reference.update_log(obs, mask)
+            raised = torch.fmax(scales, watch_threshold(reference))
+            scales = torch.where(mask, raised, scales)
+        got = torch.stack([checks.state[f"{n}_scale"] for n in WATCHED])
+        assert torch.equal(got, scales), step
+    ours, theirs = checks.watch_ema.state_dict(), reference.state_dict()
+    for k in theirs:
+        torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, equal_nan=True, msg=k)
