@@ -12,7 +12,8 @@ median round per variant reported:
 - ``no_checks``: every ``Sentinel.check`` replaced by nothing (the records, the per-phase
   abs-max);
 - ``no_watch``: the watched buffers' threshold upkeep replaced by nothing (their max |x| and
-  the estimator fold, ``Checks._measure`` and ``Checks._fold``);
+  the estimator fold, ``Checks._measure`` and ``Checks._fold``; ``Checks._watch`` in a tree
+  from before commit 77adf3d, run with ``PYTHONPATH`` pointing at it);
 - ``no_sentinel``: both.
 
 A variant that does less computes other numbers from then on (thresholds, records), never
@@ -71,7 +72,9 @@ def _patches(variant: str) -> list[tuple[Any, str, Any]]:
         return None
 
     checks = [(Sentinel, "check", nothing)]
-    watch = [(Checks, "_measure", nothing), (Checks, "_fold", nothing)]
+    # (_watch: what the learn step called before commit 77adf3d, for a before/after pair)
+    names = ("_measure", "_fold", "_watch")
+    watch = [(Checks, name, nothing) for name in names if hasattr(Checks, name)]
     return {"full": [], "no_checks": checks, "no_watch": watch,
             "no_sentinel": checks + watch}[variant]  # fmt: skip
 
