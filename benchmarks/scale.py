@@ -443,6 +443,7 @@ def plot(cells: list[dict], path_for: Any) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     written = []
     for env, steps in sorted({(c["env"], c["steps"]) for c in cells}):
@@ -461,6 +462,9 @@ def plot(cells: list[dict], path_for: Any) -> list[str]:
                 seeds = list(c["seeds"].values())
                 ax.scatter([x] * len(seeds), seeds, s=9, alpha=0.45, color=line[0].get_color())
         ax.set_xscale("log")
+        scales = [c["scale"] for c in mine]
+        ax.set_xlim(min(scales) / 3, max(scales) * 3)  # a decade at least: arms side by side
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("training reward scale")
         ax.set_ylabel(METRIC[env])
         ax.set_title(f"{env}, {steps}: mean ± s.e. over seeds (dots: seeds)", fontsize=9)
