@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -506,6 +507,24 @@ def run(
     return out
 
 
+def update_cost(slots: int, calls: int, repeats: int = 5) -> dict[str, float]:
+    """Host time of one :meth:`AdaptiveEMA.update` / ``update_log`` (torch path, CPU, float32)
+    on ``slots`` slots: the median over ``repeats`` of ``calls`` calls, in microseconds."""
+    gen = torch.Generator().manual_seed(0)
+    obs = torch.rand(calls, slots, generator=gen) + 0.5
+    out: dict[str, float] = {"slots": slots, "calls": calls}
+    for fold in ("update", "update_log"):
+        times = []
+        for _ in range(repeats):
+            ema = AdaptiveEMA(slots)
+            t0 = time.perf_counter()
+            for row in obs:
+                getattr(ema, fold)(row, impl="torch")
+            times.append((time.perf_counter() - t0) / calls * 1e6)
+        out[f"{fold}_us"] = sorted(times)[len(times) // 2]
+    return out
+
+
 def markdown(rows: dict[str, dict], half: str) -> str:
     """One half of one bank as a markdown table (the best fixed rate and the ratio)."""
     head = ["family", "adaptive MSE", "best fixed α", "its MSE", "adaptive / best"]
@@ -537,6 +556,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         parser.error(f"--halves must name some of {HALVES}, got {args.halves!r}")
     steps, seeds = (300, 2) if args.quick else (3000, 5)
     results = run(steps, seeds, torch.device(args.device), halves)
+    cost = [update_cost(n, 50 if args.quick else 1000) for n in (8, 64)]
+    for row in cost:
+        print(f"update cost, {row['slots']} slots (torch, CPU): update {row['update_us']:.0f} us, "
+              f"update_log {row['update_log_us']:.0f} us per call")  # fmt: skip
     print(f"AdaptiveEMA on the signal bank: tracking MSE, {steps} steps, {seeds} seeds")
     for bank, rows in results.items():
         for half in halves:
@@ -565,6 +588,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "fresh_commit": FRESH_COMMIT,
         "split": {h: [n for n, (hh, _) in FAMILIES.items() if hh == h] for h in HALVES},
         "worst": worst,
+        "update_cost_cpu": cost,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,14 +43,21 @@ def test_bank_split_is_fixed_and_covers_both_banks(bank) -> None:
     # seeded: the same draw twice
     a, b = bank.make("level_regimes", 200, 3), bank.make("level_regimes", 200, 3)
     assert a[0].equal(b[0]) and a[1].equal(b[1])
+    # the fresh half is its own: fresh names, its commit recorded
+    fresh = [n for n, (h, _) in bank.FAMILIES.items() if h == "fresh"]
+    assert len(fresh) >= 10 and all(n.startswith("fresh_") for n in fresh)
+    assert len(bank.FRESH_COMMIT) >= 7
 
 
 def test_bench_ema_bank_quick_writes_results(bank, tmp_path: Path, capsys) -> None:
     out = tmp_path / "ema_bank.json"
     bank.main(["--quick", "--out", str(out), "--device", "cpu"])
     report = json.loads(out.read_text())
-    for field in ("date", "commit", "machine", "torch", "steps", "seeds", "split", "results"):
+    for field in ("date", "commit", "machine", "torch", "steps", "seeds", "split", "results",
+                  "fresh_commit"):  # fmt: skip
         assert field in report, field
+    for row in report["update_cost_cpu"]:
+        assert row["update_us"] > 0 and row["update_log_us"] > 0
     assert set(report["results"]) == {"update", "update_log"}
     assert set(report["results"]["update"]) | set(report["results"]["update_log"]) == set(
         bank.FAMILIES
@@ -60,7 +67,9 @@ def test_bench_ema_bank_quick_writes_results(bank, tmp_path: Path, capsys) -> No
             assert math.isfinite(row["adaptive"]) and row["adaptive"] > 0
             assert row["best_fixed_alpha"] in bank.FIXED_ALPHAS
     table = capsys.readouterr().out
-    assert "held_out half" in table and "| family | adaptive MSE |" in table
+    assert (
+        "held_out half" in table and "fresh half" in table and "| family | adaptive MSE |" in table
+    )
 
 
 def test_bench_ema_alarm_quick_writes_results(tmp_path: Path, capsys) -> None:

@@ -387,3 +387,46 @@ def test_a_rise_of_the_noise_is_learnt_and_does_not_move_the_level() -> None:
     # A fixed α = 0.05 gives 1.28 here (8 · √(0.05/1.95)); the level never moved.
     assert rms.median() < 1.0 and (rms < 2.5).all(), rms
     assert torch.equal(ema.count, torch.full((8,), 1300))
+
+
+def _quiet_then(values: list[float], seed: int = 11) -> list[torch.Tensor]:
+    """400 steps of unit noise at level 0, then ``values``; the estimates after each value."""
+    ema = AdaptiveEMA(1, dtype=torch.float64)
+    for row in _noise(400, 1, seed=seed):
+        ema.update(row)
+    return [ema.update(torch.tensor([v], dtype=torch.float64)).clone() for v in values]
+
+
+def test_a_shift_is_a_run_of_three_agreeing_exceedances() -> None:
+    # Two agreeing exceedances of one sign are as often a rise of the noise: the level is not
+    # restarted on them (the second reports the midpoint, at even odds), the third restarts it.
+    est = _quiet_then([10.0, 10.2, 9.9, 10.1])
+    assert abs(float(est[0])) < 1.0  # a lone exceedance: an outlier, winsorized
+    assert 3.0 < float(est[1]) < 7.0  # one short of a shift: the midpoint is reported
+    assert abs(float(est[2]) - 10.03) < 0.05  # the mean of the run
+    assert abs(float(est[3]) - 10.05) < 0.1
+    # Two agreeing exceedances, then back: the state never left the old level.
+    back = _quiet_then([10.0, 10.2, 0.1, -0.2, 0.3])
+    assert (torch.stack(back[2:]).abs() < 0.5).all()
+
+
+def test_a_run_soon_after_an_outlier_needs_one_more_value() -> None:
+    # An exceedance that was no shift (here one of the opposite sign) within QUIET_STEPS: noise
+    # may be rising, so a run needs NOISY_RUN (4) values; after QUIET_STEPS it needs SHIFT_RUN.
+    est = _quiet_then([-9.0, 0.2, 10.0, 10.1, 9.9, 10.0])
+    assert abs(float(est[4])) < 6.0 and abs(float(est[5]) - 10.0) < 0.1
+    late = _quiet_then([-9.0, 0.2, -0.3, 0.1, 0.0, -0.1, 10.0, 10.1, 9.9])
+    assert abs(float(late[8]) - 10.0) < 0.1
+
+
+def test_a_shift_whose_noise_grew_with_it_raises_the_noise() -> None:
+    # A magnitude on a linear scale: the level ×10 and its noise ×10. The values disagree by
+    # the old noise's measure, but are closer to each other than to the old level: a shift, and
+    # R rises to their spread rather than creeping up at NOISE_RATE.
+    ema = AdaptiveEMA(1, dtype=torch.float64)
+    for row in 1.0 + 0.1 * _noise(400, 1, seed=12):
+        ema.update(row)
+    r_before = float(ema.noise_var)
+    for v in (10.3, 9.1, 10.9, 9.6):
+        est = ema.update(torch.tensor([v], dtype=torch.float64))
+    assert abs(float(est) - 10.0) < 1.0 and float(ema.noise_var) > 20 * r_before

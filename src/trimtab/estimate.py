@@ -11,13 +11,17 @@ import torch
 
 from trimtab._impl import resolve_impl
 from trimtab.kernels.ema_layout import (
+    AGREE_FRACTION,
     EMA_BANK,
     EMA_FIELDS,
     FALSE_SHIFT_PROB,
     LEAD_TOL,
     META_RATE,
     NOISE_RATE,
+    NOISY_RUN,
     OUTLIER_Z,
+    QUIET_STEPS,
+    SHIFT_RUN,
     TINY,
 )
 from trimtab.kernels.ema_layout import clipped_second_moment as _clipped_second_moment
@@ -60,6 +64,7 @@ def _candidate_noise(gains: tuple[float, ...]) -> tuple[list[float], list[float]
 
 # Per slot, and per slot and candidate (level, slope, the covariance of both over R, log weight).
 _SLOT_STATE = ("mean", "r", "prev_obs", "prev_z", "alpha")
+_RUN_STATE = ("run_n", "run_sum", "run_d2", "quiet")  # the shift detector's run, see below
 _BANK_STATE = EMA_BANK
 
 
@@ -119,17 +124,24 @@ class AdaptiveEMA:
     **Outliers and level shifts.** Each candidate's innovation is winsorized at ±c of its
     predictive standard deviation (Huber 1964): a lone spike moves the estimate by at most
     α c √S and every score by at most c² S/(2R). The mixture's standardized innovation z_t
-    (prediction Σ w ŷ_k, variance Σ w (S_k + (ŷ_k - ŷ)²)) detects shifts: two consecutive
-    exceedances of one sign that agree with each other (|y_t - y_(t-1)| ≤ c√(2R)) are a level
-    shift that began at t-1, and every candidate but the leaders (the largest weight) restarts
-    from those two observations, m = (y_(t-1) + y_t)/2, slope 0, p = diag(1/2, 0) (``alpha``
+    (prediction Σ w ŷ_k, variance Σ w (S_k + (ŷ_k - ŷ)²)) detects shifts. A *run* is a
+    sequence of consecutive exceedances (|z| > c) of one sign, each agreeing with the one before
+    (|y_t - y_(t-1)| ≤ c√(2R), or less than ``AGREE_FRACTION`` of their distance from the
+    prediction: a level that moved with its noise, as a magnitude's does). A run of
+    ``SHIFT_RUN`` (3) is a level shift, or of ``NOISY_RUN`` (4) if it began within
+    ``QUIET_STEPS`` of an exceedance that was not a shift (rising or heavy-tailed noise gives two
+    agreeing one-signed values often, three rarely: a runs rule, as on control charts (Western
+    Electric 1956), with a detection delay of two steps). Every candidate but the leaders (the largest weight before
+    the run's last value) restarts as the mean of the run, slope 0, p = diag(1/n, 0) (``alpha``
     reads 1 at a restart); the leaders keep the old level and drop to the least weight, so a
     false shift is undone as soon as the restarted candidates err; the other weights are kept,
-    as a shift changes the level, not the dynamics. Two exceedances of opposite signs are a rise
-    of the noise: R jumps to their half squared difference (over c² R). c is the
-    normal quantile
-    with 2Φ(-c)² = ``FALSE_SHIFT_PROB`` (≈ 2.84), widened to the Student-t quantile while R
-    rests on few observations.
+    as a shift changes the level, not the dynamics. One value short of a shift, the reported
+    estimate is the midpoint of the old level and the run's mean (the Bayes estimate at even
+    odds; the state is unchanged). Two exceedances that do not link (opposite signs, or far
+    apart) are a rise of the noise: R jumps to their half squared difference (over c² R); at a
+    shift whose values disagreed by R's measure, R jumps to their noise. c is the normal
+    quantile with 2Φ(-c)² = ``FALSE_SHIFT_PROB`` (≈ 2.84), widened to the Student-t quantile
+    while R rests on few observations.
 
     **Contract.** Everything is computed with ``torch.where``/``clamp`` on the device: no
     host synchronisation, CUDA-graph capturable. Non-finite observations are ignored (the
@@ -209,6 +221,7 @@ class AdaptiveEMA:
         kw = {"dtype": self.dtype, "device": self.device}
         t = {name: torch.full((self.num_slots,), math.nan, **kw) for name in _SLOT_STATE}
         t["prev_z"].zero_()
+        t.update({name: torch.zeros((self.num_slots,), **kw) for name in _RUN_STATE})
         bank = (self.num_slots, self._q_level.numel())
         t.update({name: torch.zeros(bank, **kw) for name in _BANK_STATE})
         t["count"] = torch.zeros((self.num_slots,), dtype=torch.int64, device=self.device)
@@ -385,18 +398,45 @@ class AdaptiveEMA:
         var_mix = (w * (s_norm * r_use + (pred - pred_mix[:, None]).square())).sum(1)
         z = (y - pred_mix) / var_mix.sqrt()
         prev_z = s["prev_z"]
-        # Two exceedances of one sign that agree (the two observations differ by no more than the
-        # c √(2R) two noisy observations of one level do; a test on y, not on z, which also
-        # differs by the prediction's move between the two, a move that grows with the shift)
-        # are a shift; a lone one is an outlier.
-        agree = d2 <= c * c * 2.0 * torch.where(has_r, r_old, r_new)
-        both = (z.abs() > c) & (prev_z.abs() > c)
-        shift = both & (z * prev_z > 0) & agree
-        # Two exceedances of opposite signs are a rise of the noise (a level does not move both
-        # ways): R jumps to their half squared difference (over c² R), as a shift restarts the
-        # level. Two of one sign that disagree may be a level on the move: R is left to follow.
-        rise = both & (z * prev_z < 0) & has_r
+        # A run: consecutive exceedances of one sign, each agreeing with the one before (they
+        # differ by no more than the c √(2R) two noisy observations of one level do, or by less
+        # than AGREE_FRACTION of their distance from the prediction: a level that moved with its
+        # noise, as a magnitude's does). SHIFT_RUN of them are a shift that began SHIFT_RUN - 1
+        # steps ago; NOISY_RUN if the run began within QUIET_STEPS of an exceedance that was not
+        # a shift (rising or heavy-tailed noise, where a few one-signed values are common). A lone
+        # exceedance is an outlier. A test on y, not on z, which also differs by the prediction's
+        # move between the two, a move that grows with the shift.
+        exceed = z.abs() > c
+        both = exceed & (prev_z.abs() > c)
+        r_ref = torch.where(has_r, r_old, r_new)
+        agree = d2 <= c * c * 2.0 * r_ref
+        apart = torch.minimum((y - pred_mix).abs(), (s["prev_obs"] - pred_mix).abs())
+        near = d2 <= (AGREE_FRACTION * apart).square()
+        link = both & (z * prev_z > 0) & (agree | near)
+        run_n = torch.where(link, s["run_n"] + 1.0, exceed.to(self.dtype))
+        run_sum = torch.where(link, s["run_sum"], 0.0) + torch.where(exceed, y, 0.0)
+        # the noise of a run whose values disagree by R's measure: R rises with its level
+        run_d2 = torch.where(link, s["run_d2"] + torch.where(agree, 0.0, 0.5 * d2), 0.0)
+        # Quiet steps before the run (counted up to QUIET_STEPS); an exceedance that ends
+        # without a shift (an outlier, a broken run) starts the count again.
+        ended = (s["run_n"] > 0.0) & ~link
+        calm = ((s["run_n"] == 0.0) & ~exceed).to(self.dtype)
+        quiet = torch.where(ended, (~exceed).to(self.dtype), s["quiet"] + calm)
+        quiet = quiet.clamp(max=QUIET_STEPS)
+        need = torch.where(quiet >= QUIET_STEPS, float(SHIFT_RUN), float(NOISY_RUN))
+        shift = run_n >= need
+        # One agreeing exceedance short of a shift, the two hypotheses are about even: the
+        # reported level is their midpoint (the state is unchanged), which halves a true shift's
+        # last step of lag and costs a false one a quarter of its squared offset, once.
+        pending = (run_n >= 2.0) & (run_n == need - 1.0)
+        # Two exceedances that do not link (opposite signs, or far apart) are a rise of the noise
+        # (a level does not move both ways): R jumps to their half squared difference (over c² R),
+        # as a shift restarts the level; at a shift whose values disagreed, R jumps to the noise
+        # among them.
+        rise = both & ~link & has_r
         r_new = torch.where(rise, torch.maximum(r_new, 0.5 * d2), r_new)
+        r_run = run_d2 / (run_n - 1.0).clamp(min=1.0)
+        r_new = torch.where(shift, torch.maximum(r_new, r_run), r_new)
 
         # Kalman update of every candidate (P = P⁻ - k kᵀ S, written without cancellation).
         k_l, k_s = a_ll / s_norm, a_ls / s_norm
@@ -415,16 +455,18 @@ class AdaptiveEMA:
         sc = new_bank["score"] - new_bank["score"].max(1, keepdim=True).values
         new_bank["score"] = ((1.0 - META_RATE) * sc.exp() + META_RATE / sc.shape[1]).log()
         # A shift restarts every candidate but the leaders (within LEAD_TOL of the best) from the
-        # two observations of the new level; the leaders keep the old level at the least weight,
-        # so a false shift (two noise values that look like one level, as a rise of the noise or
-        # heavy tails give) is undone as soon as the restarted candidates err. The first
+        # run's observations of the new level; the leaders keep the old level at the least
+        # weight, so a false shift (noise values that look like one level, as a rise of the noise
+        # or heavy tails give) is undone as soon as the restarted candidates err. The first
         # observation restarts every candidate and replaces the estimate. The other scores
         # survive a shift, not a first observation.
         sc = new_bank["score"]
-        lead = shift[:, None] & (sc >= sc.max(1, keepdim=True).values - LEAD_TOL)
-        restart = torch.where(first, 1.0, 0.5)[:, None]
+        # Leaders by the scores before this observation: those of the regime the run left, and
+        # not a tie decided by how this step's errors round.
+        lead = shift[:, None] & (score >= score.max(1, keepdim=True).values - LEAD_TOL)
+        restart = torch.where(first, 1.0, 1.0 / run_n.clamp(min=1.0))[:, None]
         anew = (shift | first)[:, None] & ~lead
-        start = torch.where(first, y, 0.5 * (s["prev_obs"] + y))[:, None]
+        start = torch.where(first, y, run_sum / run_n.clamp(min=1.0))[:, None]
         zero = torch.zeros_like(pred)
         starts = {"level": start, "slope": zero, "p_ll": restart, "p_ls": zero, "p_ss": zero}
         for name, value in starts.items():
@@ -438,12 +480,18 @@ class AdaptiveEMA:
         # or a shift) give their common value exactly, not to within the rounding of Σ w = 1.
         w = torch.softmax(s["score"], 1)
         anchor = s["level"][:, :1]
+        done = first | shift  # a shift uses up its run
+        mix = anchor[:, 0] + (w * (s["level"] - anchor)).sum(1)
         new = {
-            "mean": anchor[:, 0] + (w * (s["level"] - anchor)).sum(1),
+            "mean": torch.where(pending, 0.5 * (mix + run_sum / run_n.clamp(min=1.0)), mix),
             "r": torch.where(first, r_old, r_new),
             "prev_obs": y,
-            "prev_z": torch.where(first | shift, 0.0, z),  # a shift uses up its exceedances
-            "alpha": torch.where(shift | first, 1.0, (w * k_l).sum(1)),
+            "prev_z": torch.where(done, 0.0, z),
+            "alpha": torch.where(done, 1.0, (w * k_l).sum(1)),
+            "run_n": torch.where(done, 0.0, run_n),
+            "run_sum": torch.where(done, 0.0, run_sum),
+            "run_d2": torch.where(done, 0.0, run_d2),
+            "quiet": torch.where(done, float(QUIET_STEPS), quiet),
         }
         for name, value in new.items():
             s[name].copy_(torch.where(take, value, s[name]))

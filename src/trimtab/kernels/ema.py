@@ -25,6 +25,7 @@ import triton.language as tl
 
 from trimtab.kernels._table import pointer_array
 from trimtab.kernels.ema_layout import (
+    AGREE_FRACTION,
     DOF_MAX,
     EMA_BANK,
     EMA_FIELDS,
@@ -33,6 +34,9 @@ from trimtab.kernels.ema_layout import (
     LEAD_TOL,
     META_RATE,
     NOISE_RATE,
+    NOISY_RUN,
+    QUIET_STEPS,
+    SHIFT_RUN,
     TINY,
     dof_tables,
 )
@@ -42,6 +46,12 @@ BLOCK_SLOTS = 16  # slots per program
 # optimizer's kernels call _ema_step with their own signatures).
 _NOISE_RATE: tl.constexpr = tl.constexpr(NOISE_RATE)
 _LEAD_TOL: tl.constexpr = tl.constexpr(LEAD_TOL)
+# The shift detector's counts and agreement fraction (ema_layout), as floats: runs are counted
+# in float32, as in the reference.
+_SHIFT_RUN: tl.constexpr = tl.constexpr(float(SHIFT_RUN))
+_NOISY_RUN: tl.constexpr = tl.constexpr(float(NOISY_RUN))
+_QUIET: tl.constexpr = tl.constexpr(float(QUIET_STEPS))
+_AGREE: tl.constexpr = tl.constexpr(AGREE_FRACTION)
 
 
 @triton.jit
@@ -62,12 +72,12 @@ def _ema_load(tab, BASE: tl.constexpr, slot, ok, K: tl.constexpr, KP: tl.constex
     kk = tl.arange(0, KP)
     cm = ok[:, None] & (kk[None, :] < K)
     off = slot[:, None] * K + kk[None, :]
-    level = tl.load(_ptr(tab, BASE + 7, tl.float32) + off, mask=cm, other=0.0)
-    slope = tl.load(_ptr(tab, BASE + 8, tl.float32) + off, mask=cm, other=0.0)
-    p_ll = tl.load(_ptr(tab, BASE + 9, tl.float32) + off, mask=cm, other=0.0)
-    p_ls = tl.load(_ptr(tab, BASE + 10, tl.float32) + off, mask=cm, other=0.0)
-    p_ss = tl.load(_ptr(tab, BASE + 11, tl.float32) + off, mask=cm, other=0.0)
-    score = tl.load(_ptr(tab, BASE + 12, tl.float32) + off, mask=cm, other=0.0)
+    level = tl.load(_ptr(tab, BASE + 11, tl.float32) + off, mask=cm, other=0.0)
+    slope = tl.load(_ptr(tab, BASE + 12, tl.float32) + off, mask=cm, other=0.0)
+    p_ll = tl.load(_ptr(tab, BASE + 13, tl.float32) + off, mask=cm, other=0.0)
+    p_ls = tl.load(_ptr(tab, BASE + 14, tl.float32) + off, mask=cm, other=0.0)
+    p_ss = tl.load(_ptr(tab, BASE + 15, tl.float32) + off, mask=cm, other=0.0)
+    score = tl.load(_ptr(tab, BASE + 16, tl.float32) + off, mask=cm, other=0.0)
     return mean, r, prev_obs, prev_z, alpha, count, nonf, level, slope, p_ll, p_ls, p_ss, score
 
 
@@ -152,11 +162,33 @@ def _ema_step(
     dev = pred - pred_mix[:, None]
     var_mix = tl.sum(tl.where(cm, w * (s_norm * r_use + dev * dev), 0.0), axis=1)
     z = (y - pred_mix) / tl.sqrt(var_mix)
+    # The shift detector's run (estimate.py): its state, read and written here so that the
+    # clip's and the optimizer's kernels, which call this step, need not carry it.
+    run_n0 = tl.load(_ptr(tab, BASE + 7, tl.float32) + slot, mask=ok, other=0.0)
+    run_sum0 = tl.load(_ptr(tab, BASE + 8, tl.float32) + slot, mask=ok, other=0.0)
+    run_d20 = tl.load(_ptr(tab, BASE + 9, tl.float32) + slot, mask=ok, other=0.0)
+    quiet0 = tl.load(_ptr(tab, BASE + 10, tl.float32) + slot, mask=ok, other=0.0)
+    exceed = tl.abs(z) > c
+    both = exceed & (tl.abs(prev_z) > c)
     agree = d2 <= c * c * 2.0 * r_sel  # the two observations differ as noise does
-    both = (tl.abs(z) > c) & (tl.abs(prev_z) > c)
-    shift = both & (z * prev_z > 0) & agree
-    rise = both & (z * prev_z < 0) & has_r  # a rise of the noise
+    apart = tl.minimum(tl.abs(y - pred_mix), tl.abs(prev_obs - pred_mix))
+    near_d = _AGREE * apart
+    near = d2 <= near_d * near_d  # or by less than a fraction of their distance from it
+    link = both & (z * prev_z > 0) & (agree | near)
+    run_n = tl.where(link, run_n0 + 1.0, exceed.to(tl.float32))
+    run_sum = tl.where(link, run_sum0, 0.0) + tl.where(exceed, y, 0.0)
+    run_d2 = tl.where(link, run_d20 + tl.where(agree, 0.0, 0.5 * d2), 0.0)
+    ended = (run_n0 > 0.0) & ~link
+    calm = ((run_n0 == 0.0) & ~exceed).to(tl.float32)
+    quiet = tl.where(ended, (~exceed).to(tl.float32), quiet0 + calm)
+    quiet = tl.minimum(quiet, _QUIET)
+    need = tl.where(quiet >= _QUIET, _SHIFT_RUN, _NOISY_RUN)
+    shift = run_n >= need
+    pending = (run_n >= 2.0) & (run_n == need - 1.0)
+    rise = both & ~link & has_r  # a rise of the noise
     r_new = tl.where(rise, tl.maximum(r_new, 0.5 * d2), r_new)
+    r_run = run_d2 / tl.maximum(run_n - 1.0, 1.0)
+    r_new = tl.where(shift, tl.maximum(r_new, r_run), r_new)
 
     k_l = a_ll / s_norm
     k_s = a_ls / s_norm
@@ -166,12 +198,13 @@ def _ema_step(
     n_score = (1.0 - META) * score - 0.5 * (v * v) / r_use
     n_score = n_score - tl.max(tl.where(cm, n_score, -float("inf")), axis=1)[:, None]
     n_score = tl.log((1.0 - META) * tl.exp(n_score) + META / K)  # fixed share
-    top = tl.max(tl.where(cm, n_score, -float("inf")), axis=1)[:, None]
-    lead = shift[:, None] & (n_score >= top - _LEAD_TOL)  # leaders keep the old level at a shift
+    top = tl.max(tl.where(cm, score, -float("inf")), axis=1)[:, None]
+    lead = shift[:, None] & (score >= top - _LEAD_TOL)  # leaders (before this step) keep the level
     n_score = tl.where(lead, tl.min(tl.where(cm, n_score, float("inf")), axis=1)[:, None], n_score)
-    restart = tl.where(first, 1.0, 0.5)[:, None]
+    n_run = tl.maximum(run_n, 1.0)
+    restart = tl.where(first, 1.0, 1.0 / n_run)[:, None]
     anew = (shift | first)[:, None] & ~lead
-    start = tl.where(first, y, 0.5 * (prev_obs + y))[:, None]
+    start = tl.where(first, y, run_sum / n_run)[:, None]
     tk = take[:, None]
     level = tl.where(tk, tl.where(anew, start, n_level), level)
     slope = tl.where(tk, tl.where(anew, 0.0, n_slope), slope)
@@ -180,17 +213,19 @@ def _ema_step(
     p_ss = tl.where(tk, tl.where(anew, 0.0, n_pss), p_ss)
     score = tl.where(tk, tl.where(first[:, None], 0.0, n_score), score)
     off = slot[:, None] * K + kk[None, :]
-    tl.store(_ptr(tab, BASE + 7, tl.float32) + off, level, mask=cm)
-    tl.store(_ptr(tab, BASE + 8, tl.float32) + off, slope, mask=cm)
-    tl.store(_ptr(tab, BASE + 9, tl.float32) + off, p_ll, mask=cm)
-    tl.store(_ptr(tab, BASE + 10, tl.float32) + off, p_ls, mask=cm)
-    tl.store(_ptr(tab, BASE + 11, tl.float32) + off, p_ss, mask=cm)
-    tl.store(_ptr(tab, BASE + 12, tl.float32) + off, score, mask=cm)
+    tl.store(_ptr(tab, BASE + 11, tl.float32) + off, level, mask=cm)
+    tl.store(_ptr(tab, BASE + 12, tl.float32) + off, slope, mask=cm)
+    tl.store(_ptr(tab, BASE + 13, tl.float32) + off, p_ll, mask=cm)
+    tl.store(_ptr(tab, BASE + 14, tl.float32) + off, p_ls, mask=cm)
+    tl.store(_ptr(tab, BASE + 15, tl.float32) + off, p_ss, mask=cm)
+    tl.store(_ptr(tab, BASE + 16, tl.float32) + off, score, mask=cm)
 
     w = _softmax_rows(score, cm)
     anchor = tl.sum(tl.where(cm & (kk[None, :] == 0), level, 0.0), axis=1)
-    new_mean = anchor + tl.sum(tl.where(cm, w * (level - anchor[:, None]), 0.0), axis=1)
-    new_alpha = tl.where(shift | first, 1.0, tl.sum(tl.where(cm, w * k_l, 0.0), axis=1))
+    mix = anchor + tl.sum(tl.where(cm, w * (level - anchor[:, None]), 0.0), axis=1)
+    new_mean = tl.where(pending, 0.5 * (mix + run_sum / n_run), mix)
+    done = first | shift
+    new_alpha = tl.where(done, 1.0, tl.sum(tl.where(cm, w * k_l, 0.0), axis=1))
     mean = tl.where(take, new_mean, mean)
     r = tl.where(take, tl.where(first, r_old, r_new), r_old)
     # AdaptiveEMA.std_error: the mixture's posterior variance of the level.
@@ -204,6 +239,14 @@ def _ema_step(
     tl.store(_ptr(tab, BASE + 4, tl.float32) + slot, tl.where(take, new_alpha, alpha_old), mask=ok)
     tl.store(_ptr(tab, BASE + 5, tl.int64) + slot, count, mask=ok)
     tl.store(_ptr(tab, BASE + 6, tl.int64) + slot, nonf, mask=ok)
+    tl.store(_ptr(tab, BASE + 7, tl.float32) + slot,
+             tl.where(take, tl.where(done, 0.0, run_n), run_n0), mask=ok)  # fmt: skip
+    tl.store(_ptr(tab, BASE + 8, tl.float32) + slot,
+             tl.where(take, tl.where(done, 0.0, run_sum), run_sum0), mask=ok)  # fmt: skip
+    tl.store(_ptr(tab, BASE + 9, tl.float32) + slot,
+             tl.where(take, tl.where(done, 0.0, run_d2), run_d20), mask=ok)  # fmt: skip
+    tl.store(_ptr(tab, BASE + 10, tl.float32) + slot,
+             tl.where(take, tl.where(done, _QUIET, quiet), quiet0), mask=ok)  # fmt: skip
     return mean, se
 
 

@@ -7,8 +7,11 @@ read an estimator's state tensors:
 
 - an estimator (``EMA_FIELDS + EMA_BANK``, ``EMA_WIDTH`` tensors): float32 ``[S]`` ``mean``,
   ``r``, ``prev_obs``, ``prev_z``, ``alpha``; int64 ``[S]`` ``count``, ``nonfinite_count``;
-  float32 ``[S, K]`` ``level``, ``slope``, ``p_ll``, ``p_ls``, ``p_ss``, ``score`` (``S`` slots,
-  ``K`` candidates). The names are the keys of ``AdaptiveEMA.state_dict()``.
+  float32 ``[S]`` ``run_n``, ``run_sum``, ``run_d2``, ``quiet`` (the shift detector's run of
+  exceedances: its length, sum, the half squared differences its links disagreed by, and the
+  quiet steps before it); float32 ``[S, K]`` ``level``, ``slope``, ``p_ll``, ``p_ls``,
+  ``p_ss``, ``score`` (``S`` slots, ``K`` candidates). The names are the keys of
+  ``AdaptiveEMA.state_dict()``.
 - an engagement correction (``ENG_FIELDS``): float32 ``[C]`` ``rate``, ``max``, ``z``; int64
   ``[C]`` ``engaged_total``, ``seen_total`` (its fraction's estimator comes first, as above).
 - the tail after them (``TAIL_FIELDS``): float32 ``[K]`` ``q_level``, ``q_slope`` (the
@@ -46,11 +49,27 @@ LEAD_TOL = 1e-3
 # so it is a tail probability, not a gain.
 FALSE_SHIFT_PROB = 1e-5
 
+# A level shift is a run of SHIFT_RUN consecutive exceedances of one sign that agree with each
+# other (each within c √(2R) of the one before, or closer to it than AGREE_FRACTION of their
+# distance from the prediction: a shift whose noise grew with the level). Two exceedances, the
+# old rule, are as often a rise of the noise (an ×8 noise gives two agreeing exceedances of one
+# sign within a few steps); a third agreeing one of the same sign is ~10× rarer there, and costs
+# a true shift one more step of error. A run that starts fewer than QUIET_STEPS steps after an
+# exceedance that was not a shift (noise is rising, or heavy-tailed) needs NOISY_RUN: under
+# noise each further value halves its odds. Counts of observations, not magnitudes.
+SHIFT_RUN = 3
+NOISY_RUN = 4
+QUIET_STEPS = 5
+AGREE_FRACTION = 0.5
+
 # Absolute floor on the noise variance R: a constant signal (R = 0) divides by a tiny number rather
 # than by zero. Only signals whose noise is below 1e-6 in their own units ever reach it.
 TINY = 1e-12
 
-EMA_FIELDS = ("mean", "r", "prev_obs", "prev_z", "alpha", "count", "nonfinite_count")
+EMA_FIELDS = (
+    "mean", "r", "prev_obs", "prev_z", "alpha", "count", "nonfinite_count",
+    "run_n", "run_sum", "run_d2", "quiet",
+)  # fmt: skip
 EMA_BANK = ("level", "slope", "p_ll", "p_ls", "p_ss", "score")
 EMA_WIDTH = len(EMA_FIELDS) + len(EMA_BANK)
 ENG_FIELDS = ("rate", "max", "z", "engaged_total", "seen_total")
