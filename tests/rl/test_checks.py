@@ -16,14 +16,14 @@ from trimtab.rl.learner import build_learner
 
 def test_finite_abs_max_is_the_q1_quantile_of_abs_quantiles():
     """The same float32 value as ``abs_quantiles(q=1)`` (the finite maximum; 0 with none) on
-    every dtype, empty tensors, and NaN, ±Inf, -0.0 and huge values sprinkled in."""
+    every dtype and mixed lists, empty tensors, and NaN, ±Inf, -0.0 and huge values."""
     g = torch.Generator().manual_seed(0)
     specials = [math.nan, math.inf, -math.inf, -0.0]
     for trial in range(200):
         tensors = []
-        for _ in range(1 + trial % 4):
+        for i in range(1 + trial % 4):  # one dtype or several (autocast's logits)
             n = int(torch.randint(0, 70, (1,), generator=g))
-            dtype = (torch.float32, torch.float16, torch.bfloat16, torch.float64)[trial % 4]
+            dtype = (torch.float32, torch.float16, torch.bfloat16, torch.float64)[(trial + i) % 4]
             x = (torch.randn(n, generator=g) * 10.0 ** (trial % 9 - 4)).to(dtype)
             for k in range(min(n, trial % 3)):
                 x[k * 7 % n] = specials[(trial + k) % 4]
