@@ -35,17 +35,15 @@ from trimtab.kernels.optim_layout import (
 from trimtab.optim._reference import coefficients
 
 _MAX_LAYOUTS = 8
-#: Read CPU-resident skip flags and step counters on the host to skip work (no sync on the
-#: CPU); tests switch it off to run the device logic (selects, per-tensor coefficients) there.
-HOST_READS = True
 
 
 class _Layout:
     """The buffers and views of one group layout (shapes, dtype, device, L1 tensors, stride),
-    built once and reused by every step (a step allocates only scalars): the flat ``amv``
-    ``[3, n + 1]`` (rows: the weights, ``m``, ``v``; one Inf past the end, which the sample's
+    built once and reused by every step (a step allocates only scalars): the flat ``rows``
+    (the weights, ``m``, ``v``, each ``[n + 1]`` with one Inf past the end, which the sample's
     padding reads), flat ``g`` and three scratch buffers, their per-tensor views in the
-    tensors' shapes, the L1 tensors' mask and the sample's index table."""
+    tensors' shapes, the L1 tensors' mask and the sample's index table. On the CPU the moment
+    rows are the optimizer's state itself once :meth:`adopt` has pointed it there."""
 
     def __init__(
         self,
@@ -58,9 +56,8 @@ class _Layout:
         numels = tuple(math.prod(s) for s in shapes)
         n = self.n = sum(numels)
         new = lambda *size: torch.empty(size, dtype=dtype, device=device)  # noqa: E731
-        self.amv = new(3, n + 1)
-        self.amv[:, n] = math.inf
-        self.w, self.m, self.v = self.amv[0, :n], self.amv[1, :n], self.amv[2, :n]
+        self.rows = [new(n + 1).fill_(math.inf) for _ in range(3)]
+        self.w, self.m, self.v = (r[:n] for r in self.rows)
         self.g, self.s, self.u, self.t = new(n), new(n), new(n), new(n)
         offsets = [0]
         for k in numels:
@@ -79,13 +76,31 @@ class _Layout:
             self.l1_mask = torch.zeros(n, dtype=dtype, device=device)
             for i in l1:
                 self.l1_mask[offsets[i] : offsets[i + 1]] = 1
-        self.table = sampled_index_table(numels, stride, device)
+        # int32: a step's row is selected on the device, a copy; 4x faster than of int64
+        self.table = sampled_index_table(numels, stride, device).to(torch.int32)
         width = self.table.shape[1]
         self.sample = torch.empty(3, width, dtype=torch.float32, device=device)
         self.fine = torch.zeros(3 * FINE_KEYS, dtype=torch.int32, device=device)
         self.key_offsets = (torch.arange(3, dtype=torch.int32, device=device) * FINE_KEYS)[:, None]
         self.ones = torch.ones(3 * width, dtype=torch.int32, device=device)
         self.old: tuple[torch.Tensor, ...] | None = None
+        self.ptrs: list[int] | None = None  # the adopted moments' addresses (see holds)
+
+    def holds(self, exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor]) -> bool:
+        """Whether the moments are the views of the ``m`` and ``v`` rows (then a step neither
+        copies them in nor out). Live storages never overlap: a tensor whose data starts
+        where a view's does is that view's memory."""
+        return self.ptrs == [t.data_ptr() for t in (*exp_avgs, *exp_avg_sqs) if t.numel()]
+
+    def adopt(self, exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor]) -> None:
+        """Copy the moments into the ``m`` and ``v`` rows and point the state tensors there (in
+        place: the optimizer's state keeps the same tensor objects), once per layout, or again
+        after a load replaced them."""
+        torch._foreach_copy_(self.mv, exp_avgs)
+        torch._foreach_copy_(self.vv, exp_avg_sqs)
+        for t, view in zip((*exp_avgs, *exp_avg_sqs), (*self.mv, *self.vv)):
+            t.set_(view)
+        self.ptrs = [t.data_ptr() for t in (*self.mv, *self.vv) if t.numel()]
 
     def olds(self) -> tuple[torch.Tensor, ...]:
         """Flat copies of w, m, v before the step (for a skip's select), allocated on first use."""
@@ -94,19 +109,23 @@ class _Layout:
         return self.old
 
 
-# Per thread (two optimizers stepping in two threads must not share scratch buffers).
+# Per thread (two optimizers stepping in two threads must not share scratch buffers), for
+# callers that pass no cache of their own.
 _cache = threading.local()
 
 
 def _layout(
-    params: Sequence[torch.Tensor], l1_params: Sequence[bool], stride: int | None
+    params: Sequence[torch.Tensor],
+    l1_params: Sequence[bool],
+    stride: int | None,
+    cache: OrderedDict | None = None,
 ) -> _Layout:
     shapes = tuple(p.shape for p in params)
     if stride is None:
         stride = sample_stride(sum(p.numel() for p in params))
     l1 = tuple(i for i, f in enumerate(l1_params) if f)
     key = (shapes, params[0].dtype, params[0].device, l1, stride)
-    layouts = getattr(_cache, "layouts", None)
+    layouts = cache if cache is not None else getattr(_cache, "layouts", None)
     if layouts is None:
         layouts = _cache.layouts = OrderedDict()
     lay = layouts.get(key)
@@ -142,24 +161,19 @@ class _Coefficients(NamedTuple):
     value: Any  # the update is w += value * m / denominator
 
 
-def _coefficients(steps, lr, beta1, beta2, eps, dtype, capturable, on_host) -> _Coefficients:
-    """As the reference computes them per tensor; when every counter is equal (checked only
-    where the counters are host-readable: the CPU), computed once, from the first, exactly as
-    the reference does for each tensor."""
+def _coefficients(steps, lr, beta1, beta2, eps, dtype, capturable, equal) -> _Coefficients:
+    """As the reference computes them per tensor; when the caller knows every counter is equal
+    (``equal``), computed once, from the first, exactly as the reference does for each tensor.
+    Capturable counters stay on the device (nothing is read); the others are host values by
+    definition (``torch.optim``'s convention: CPU tensors), read as the reference reads them."""
     if capturable:
-        uniform = False
-        if on_host:  # CPU counters: reading them is no sync
-            host = torch.stack(list(steps)).tolist()
-            uniform = all(h == host[0] for h in host)
-        step_d = (steps[0] if uniform else torch.stack(list(steps))).to(dtype) + 1
+        step_d = (steps[0] if equal else torch.stack(list(steps))).to(dtype) + 1
         bc1 = 1 - beta1**step_d
         step_size_neg = (lr / bc1).neg()
         bc2_sqrt = (1 - beta2**step_d).sqrt()
-        return _Coefficients(
-            uniform, bc1, bc2_sqrt, bc2_sqrt * step_size_neg, eps / step_size_neg, 1
-        )
-    host = [t + 1 for t in torch.stack(list(steps)).tolist()]  # CPU counters: no sync
-    uniform = on_host and all(h == host[0] for h in host)
+        return _Coefficients(equal, bc1, bc2_sqrt, bc2_sqrt * step_size_neg, eps / step_size_neg, 1)
+    host = [t + 1 for t in torch.stack(list(steps)).tolist()]  # host counters: no sync
+    uniform = all(h == host[0] for h in host)
     bc1 = [1 - beta1**t for t in host]
     bc2_sqrt = [(1 - beta2**t) ** 0.5 for t in host]
     value = [-(lr / b) for b in bc1]
@@ -190,14 +204,19 @@ def adam_group_step_multi_tensor(
     grad_scale: torch.Tensor | None = None,
     capturable: bool = True,
     stride: int | None = None,
+    equal_steps: bool = False,
+    cache: OrderedDict | None = None,
 ) -> None:
     """One Adam(W) step of one parameter group and its statistics, as
     :func:`~trimtab.optim._reference.adam_group_step_reference` (the same arguments and
     results: the update's arithmetic per element is the reference's, the statistics are the
     same quantities in another order of summation). Every tensor of the group shares one dtype
-    and device (:func:`fits`). No host sync; on the CPU it reads the CPU-resident ``skip`` and
-    step counters to skip work (a skipped step touches nothing; equal counters share one
-    coefficient), which changes no result.
+    and device (:func:`fits`). No host read of a device tensor, on the CPU too: ``skip`` is a
+    select, the sample's row is chosen on the device. ``equal_steps``: the caller knows every
+    step counter of the group is equal (:class:`~trimtab.optim.Adam` tracks it on the host),
+    so one bias correction serves every tensor; otherwise one per tensor (the same results).
+    ``cache``: the caller's own dict of group layouts (one per optimizer); on the CPU its
+    moments then live in the layout's flat rows (:meth:`_Layout.adopt`), not copied each step.
 
     Every pass is a whole-group op on a flat buffer, and none builds a boolean mask (slow on
     the CPU): the non-finite count is that of ``w - w`` (NaN exactly where ``w`` is not
@@ -210,37 +229,37 @@ def adam_group_step_multi_tensor(
     """
     if not params:
         return
-    L = _layout(params, l1_params, stride)
+    L = _layout(params, l1_params, stride, cache)
     if L.n == 0:  # only zero-size tensors: nothing to update, count or sample
         if stats:
             work.parts[0].zero_()
         return
     w, g, m, v, s, u, t = L.w, L.g, L.m, L.v, L.s, L.u, L.t
-    dtype, on_host = w.dtype, HOST_READS and w.device.type == "cpu"
+    dtype = w.dtype
     decay_c, l1_c, bound_c = coefficients(slots, floor)
-    skipped: bool | None = None  # known on the host: True/False; on a device: None
-    if skip is not None:
+    select = skip is not None  # decided on the device, by a select
+    if select:
         skip = skip != 0
-        if on_host:
-            skipped = bool(skip)
-    select = skip is not None and skipped is None  # decided on the device, by a select
     torch._foreach_copy_(L.wv, params)
     torch._foreach_copy_(L.gv, grads)
-    torch._foreach_copy_(L.mv, exp_avgs)
-    torch._foreach_copy_(L.vv, exp_avg_sqs)
+    in_place = cache is not None and w.device.type == "cpu"  # moments kept in the rows
+    if in_place and not L.holds(exp_avgs, exp_avg_sqs):
+        L.adopt(exp_avgs, exp_avg_sqs)
+    elif not in_place:
+        torch._foreach_copy_(L.mv, exp_avgs)
+        torch._foreach_copy_(L.vv, exp_avg_sqs)
     if select:
         w0, m0, v0 = L.olds()
         w0.copy_(w), m0.copy_(m), v0.copy_(v)
     if grad_scale is not None:
         g.mul_(grad_scale.float().reciprocal().to(dtype))
-    if not skipped:  # a skip known on the host keeps the moments, as the reference's select
-        m.lerp_(g, 1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     if select:
         torch.where(skip, m0, m, out=m)
         torch.where(skip, v0, v, out=v)
 
-    c = _coefficients(steps, lr, beta1, beta2, eps, dtype, capturable, on_host)
+    c = _coefficients(steps, lr, beta1, beta2, eps, dtype, capturable, equal_steps)
     torch.sqrt(v, out=s)
     if stats:
         row = work.parts[0]
@@ -294,17 +313,17 @@ def adam_group_step_multi_tensor(
     new = w
     if clamp:  # = the reference's where(|w| > b, sign(w) b, w): NaN kept, ±Inf to ±b
         b = bound_c.to(dtype)
+        # two passes: one clamp(w, -b, b) with tensor bounds is 4x slower on the CPU
         new = torch.clamp_min(w, b.neg(), out=t).clamp_max_(b)
     if stats:
         _count_and_max(L, row, new if clamp else None, b if clamp else None)
-        _histograms(L, work, on_host)
-    if skipped:
-        return
+        _histograms(L, work)
     if select:
         torch.where(skip, w0, new, out=new)
     torch._foreach_copy_(params, L.tv if clamp else L.wv)
-    torch._foreach_copy_(exp_avgs, L.mv)
-    torch._foreach_copy_(exp_avg_sqs, L.vv)
+    if not in_place:
+        torch._foreach_copy_(exp_avgs, L.mv)
+        torch._foreach_copy_(exp_avg_sqs, L.vv)
 
 
 def _count_and_max(
@@ -359,22 +378,25 @@ def _vhat_sum(L: _Layout, c: _Coefficients) -> torch.Tensor:
     return (per / (b * b)).sum()
 
 
-def _histograms(L: _Layout, work: Workspace, on_host: bool) -> None:
-    """The sampled histograms of ``|w''|``, ``|m|``, ``|v|``: gather this step's sample (row
-    ``phase % stride`` of the table; padding reads the trailing Inf), one histogram of the
-    keys ``bits >> FINE_SHIFT`` (in place on the gathered copy), then the workspace's bins."""
-    stride = L.table.shape[0]
-    if on_host:  # the CPU's phase: the row as a view, no copy
-        row = L.table[int(work.phase) % stride]
-    else:
-        row = L.table.index_select(0, (work.phase % stride).long()).reshape(-1)
+def _histograms(L: _Layout, work: Workspace) -> None:
+    """The sampled histograms of ``|w''|``, ``|m|``, ``|v|``: this step's sample (row
+    ``phase % stride`` of the table, chosen on the device; padding reads the trailing Inf;
+    with stride 1 the row is every element in order, read in place), one histogram of the
+    keys ``bits >> FINE_SHIFT``, then the workspace's bins."""
+    stride, n = L.table.shape[0], L.n
     vals = L.sample
-    for k in range(3):  # three 1-D gathers: faster than one along dim 1 on the CPU
-        if L.amv.dtype == torch.float32:
-            torch.index_select(L.amv[k], 0, row, out=vals[k])
-        else:
-            vals[k].copy_(L.amv[k].index_select(0, row))
-    keys = vals.view(torch.int32).bitwise_and_(0x7FFFFFFF).bitwise_right_shift_(FINE_SHIFT)
+    if stride == 1 and vals.dtype == L.w.dtype:  # float32: the sample is the whole group
+        for k, r in enumerate(L.rows):
+            torch.bitwise_and(r[:n].view(torch.int32), 0x7FFFFFFF, out=vals[k].view(torch.int32))
+    else:
+        row = L.table[0] if stride == 1 else L.table.index_select(0, work.phase % stride)[0]
+        for k in range(3):  # three 1-D gathers: faster than one along dim 1 on the CPU
+            if L.w.dtype == torch.float32:
+                torch.index_select(L.rows[k], 0, row, out=vals[k])
+            else:
+                vals[k].copy_(L.rows[k].index_select(0, row))
+        vals.view(torch.int32).bitwise_and_(0x7FFFFFFF)
+    keys = vals.view(torch.int32).bitwise_right_shift_(FINE_SHIFT)
     keys.add_(L.key_offsets)
     fine = L.fine.zero_().index_add_(0, keys.reshape(-1), L.ones)
     histograms_from_fine(work.ints, fine.view(3, FINE_KEYS), work.sel)

@@ -7,7 +7,9 @@ every trimtab feature off it is ``torch.optim.AdamW``.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -251,6 +253,12 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         #: reduces the step's workspace over the ranks before the finalize; None alone.
         self.reduce_hook: Callable[[Adam], None] | None = None
         self._init_workspace(num_groups)
+        #: Per group, known on the host without reading a counter: every step counter is equal
+        #: (see :meth:`_note_stepped`); the multi-tensor path then computes one bias correction.
+        self._equal_steps = [True] * num_groups
+        #: The multi-tensor path's group layouts, this optimizer's own: on the CPU they hold
+        #: its moments (:func:`trimtab.optim._multi_tensor.adam_group_step_multi_tensor`).
+        self._layouts: OrderedDict = OrderedDict()
         if self.impl == "triton":
             self._init_kernel_state()
         # torch.amp.GradScaler hands this optimizer its scale and found_inf (as attributes
@@ -462,7 +470,8 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             if self.impl == "triton":
                 group_step = kernel_step
             elif self.impl == "foreach" and mt.fits(params, grads):
-                group_step = mt.adam_group_step_multi_tensor
+                group_step = partial(mt.adam_group_step_multi_tensor, cache=self._layouts,
+                                     equal_steps=self._equal_steps[gi])  # fmt: skip
             else:  # the reference: asked for, or a group of mixed dtypes or devices
                 group_step = ref.adam_group_step_reference
             group_step(
@@ -474,6 +483,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
                 capturable=group["capturable"],
             )  # fmt: skip
             all_steps.extend(steps)
+            self._note_stepped(gi, len(params))
         if not all_steps:
             return loss
         if self.reduce_hook is not None:
@@ -483,6 +493,26 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         else:
             self._finalize_reference(observed, all_steps, skip)
         return loss
+
+    def _note_stepped(self, gi: int, stepped: int) -> None:
+        """Group ``gi``'s counters stay equal while every step steps all of its parameters:
+        they start equal (created together at the first step, or zeroed by :meth:`reset_state`)
+        and the finalize adds one increment to every counter it steps (skipped or not). A
+        parameter left out (no gradient) ends it until the next reset or load."""
+        if stepped != len(self.param_groups[gi]["params"]):
+            self._equal_steps[gi] = False
+
+    def _check_equal_steps(self) -> None:
+        """After a load: read the counters once (outside any step) to know which groups'
+        counters are equal."""
+        for gi, group in enumerate(self.param_groups):
+            states = [self.state.get(p, {}) for p in group["params"]]
+            steps = [s["step"] for s in states if "step" in s]
+            if not steps:
+                self._equal_steps[gi] = True
+            else:
+                host = torch.stack([t.reshape(()).float().cpu() for t in steps]).tolist()
+                self._equal_steps[gi] = len(steps) == len(states) and len(set(host)) == 1
 
     # --- lifecycle ------------------------------------------------------------------------
     @torch.no_grad()
@@ -497,6 +527,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         self.engagement.reset()
         for name in SLOT_NAMES:
             self._slot(name).fill_(math.nan)
+        self._equal_steps = [True] * len(self.param_groups)
         self._clear_workspace()
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -529,6 +560,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         self._ema.load_state_dict(extra["ema"])
         self.engagement.load_state_dict(extra["engagement"])
         self._clear_workspace()
+        self._check_equal_steps()
         # The window bases and the sampling phase: the quantiles continue as they would have.
         bins = extra.get("quantile_bins")
         if bins is not None and tuple(bins.shape) == tuple(self._sel.shape):
