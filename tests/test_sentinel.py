@@ -190,6 +190,37 @@ def test_report_to_dict_raise_and_reset(impl, kernel_device):
     assert s.report() == []
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_records_after_reset_load_and_a_new_slot(impl, kernel_device):
+    """A check made before and after a reset, a state load and a slot added later (which
+    rebuilds the state's tensors) records where the report reads: the same firings as a
+    sentinel built with every slot from the start."""
+    x = torch.zeros(4, device=kernel_device)
+    y = torch.zeros(3, device=kernel_device)
+    s = Sentinel(kernel_device, impl=impl)
+    s.add("x", x, Rule.above(1.0), phase="forward")
+    x[1] = 5.0
+    s.check("forward")  # fires: step 0
+    saved = s.state_dict()
+    s.reset()
+    x[1] = 0.0
+    s.check("forward")
+    assert s.report() == []
+    s.load_state_dict(saved)
+    assert [(f.name, f.step) for f in s.report()] == [("x", 0)]
+    s.reset()
+    s.check("forward")  # step 0, quiet
+    s.add("y", y, phase="forward")  # rebuilds the tensors, keeps the records and counters
+    y[0] = math.nan
+    x[2] = 2.0
+    s.check("forward")  # step 1: both fire
+    assert [(f.name, f.step, f.kind) for f in s.report()] == [
+        ("x", 1, "threshold"),
+        ("y", 1, "nan"),
+    ]
+    assert s.steps() == {"forward": 2}
+
+
 BAD_INPUTS = [
     (lambda s: s.add("a", torch.ones(2)), ValueError, r"already has a slot named 'a'"),
     (lambda s: s.add("", torch.ones(2)), TypeError, r"non-empty str"),

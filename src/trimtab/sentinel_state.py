@@ -45,6 +45,14 @@ class Launch:
     #: The counter index of every entry when they share one phase (a check of one phase), so
     #: the reference reads the step as a view; None for a check of every phase.
     phase_index: int | None
+    #: Views the reference reads and writes, made once (the state's tensors are only ever
+    #: written in place; adding a slot rebuilds them and drops every launch): the step (the
+    #: phase's counter, or None), the global check counter, and with a span the records
+    #: ``rec[:, a:b]`` and ``value[a:b]``.
+    step: torch.Tensor | None
+    gseq: torch.Tensor
+    rec: torch.Tensor | None
+    value: torch.Tensor | None
 
 
 class SentinelState:
@@ -133,6 +141,7 @@ class SentinelState:
         cached = self._launches.get(key)
         if cached is not None:
             return cached
+        t = self.materialize()
         dev = self.device
         inc = [0] * (len(self.phases) + 1)
         for i, name in enumerate(self.phases):
@@ -141,6 +150,8 @@ class SentinelState:
         phase_idx = [self.slot_phase[i] for i in ids]
         ids = list(ids)
         contiguous = bool(ids) and ids == list(range(ids[0], ids[0] + len(ids)))
+        span = (ids[0], ids[0] + len(ids)) if contiguous else None
+        phase_index = phase_idx[0] if len(set(phase_idx)) == 1 else None
         launch = Launch(
             entry_slot=torch.tensor(ids, dtype=torch.int32, device=dev),
             entry_index=torch.tensor(ids, dtype=torch.int64, device=dev),
@@ -150,8 +161,12 @@ class SentinelState:
             factor=torch.tensor(
                 [self.slot_factors[i] for i in ids], dtype=torch.float32, device=dev
             ).double(),
-            span=(ids[0], ids[0] + len(ids)) if contiguous else None,
-            phase_index=phase_idx[0] if len(set(phase_idx)) == 1 else None,
+            span=span,
+            phase_index=phase_index,
+            step=None if phase_index is None else t["counters"][phase_index],
+            gseq=t["counters"][-1],
+            rec=None if span is None else t["rec"][:, span[0] : span[1]],
+            value=None if span is None else t["value"][span[0] : span[1]],
         )
         self._launches[key] = launch
         return launch
@@ -279,17 +294,14 @@ def check_reference(
     consecutive: a check of one phase of slots added phase by phase)."""
     amax = abs_max_many(tensors)
     thr = torch.stack(list(thresholds))
-    counters = state["counters"]
-    if launch.phase_index is not None:
-        step = counters[launch.phase_index]
-    else:
-        step = counters.index_select(0, launch.entry_phase)
-    if launch.span is None:
+    step = launch.step
+    if step is None:
+        step = state["counters"].index_select(0, launch.entry_phase)
+    if launch.rec is None or launch.value is None:
         record_reference(state, launch.entry_index, amax, step, thr, launch.factor)
     else:
-        a, b = launch.span
-        prev, prev_value = state["rec"][:, a:b], state["value"][a:b]
-        first, fresh = _first_firings(amax, step, thr, launch.factor, prev[0], counters[-1])
+        prev, prev_value = launch.rec, launch.value
+        first, fresh = _first_firings(amax, step, thr, launch.factor, prev[0], launch.gseq)
         torch.where(first, fresh, prev, out=prev)  # in place: out is exactly the input prev
         torch.where(first, amax, prev_value, out=prev_value)
-    counters.add_(launch.inc)
+    state["counters"].add_(launch.inc)
