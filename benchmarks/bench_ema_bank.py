@@ -509,10 +509,14 @@ def run(
 
 def update_cost(slots: int, calls: int, repeats: int = 5) -> dict[str, float]:
     """Host time of one :meth:`AdaptiveEMA.update` / ``update_log`` (torch path, CPU, float32)
-    on ``slots`` slots: the median over ``repeats`` of ``calls`` calls, in microseconds."""
+    on ``slots`` slots: the least over ``repeats`` of the mean of ``calls`` calls, in
+    microseconds (the least disturbed: this machine's 2 cores are shared), on one intra-op thread
+    (on tensors this small a second thread only adds hand-offs, which under load cost ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     obs = torch.rand(calls, slots, generator=gen) + 0.5
-    out: dict[str, float] = {"slots": slots, "calls": calls}
+    out: dict[str, float] = {"slots": slots, "calls": calls, "threads": 1}
     for fold in ("update", "update_log"):
         times = []
         for _ in range(repeats):
@@ -521,7 +525,8 @@ def update_cost(slots: int, calls: int, repeats: int = 5) -> dict[str, float]:
             for row in obs:
                 getattr(ema, fold)(row, impl="torch")
             times.append((time.perf_counter() - t0) / calls * 1e6)
-        out[f"{fold}_us"] = sorted(times)[len(times) // 2]
+        out[f"{fold}_us"] = min(times)
+    torch.set_num_threads(threads)
     return out
 
 
