@@ -122,17 +122,20 @@ class AdaptiveEMA:
     with it).
 
     **Outliers and level shifts.** Each candidate's innovation is winsorized at ±c of its
-    predictive standard deviation (Huber 1964): a lone spike moves the estimate by at most
-    α c √S and every score by at most c² S/(2R). The mixture's standardized innovation z_t
-    (prediction Σ w ŷ_k, variance Σ w (S_k + (ŷ_k - ŷ)²)) detects shifts. A *run* is a
-    sequence of consecutive exceedances (|z| > c) of one sign, each agreeing with the one before
-    (|y_t - y_(t-1)| ≤ c√(2R), or less than ``AGREE_FRACTION`` of their distance from the
-    prediction: a level that moved with its noise, as a magnitude's does). A run of
-    ``SHIFT_RUN`` (3) is a level shift, or of ``NOISY_RUN`` (4) if it began within
-    ``QUIET_STEPS`` of an exceedance that was not a shift (rising or heavy-tailed noise gives two
-    agreeing one-signed values often, three rarely: a runs rule, as on control charts (Western
-    Electric 1956), with a detection delay of two steps). Every candidate but the leaders (the largest weight before
-    the run's last value) restarts as the mean of the run, slope 0, p = diag(1/n, 0) (``alpha``
+    predictive standard deviation (Huber 1964): a lone spike moves the estimate by at most α c
+    √S and every score by at most c² S/(2R). The mixture's standardized innovation z_t
+    (prediction Σ w ŷ_k, variance Σ w (S_k + (ŷ_k - ŷ)²)) detects shifts. A *run* is a sequence
+    of consecutive exceedances (|z| > c) of one sign, each agreeing with the one before (|y_t -
+    y_(t-1)| ≤ c√(2R), or less than ``AGREE_FRACTION`` of their distance from the prediction: a
+    level that moved with its noise, as a magnitude's does). A run of ``SHIFT_RUN`` (3) is a
+    level shift, or of ``NOISY_RUN`` (4) if it began within ``QUIET_STEPS`` of an exceedance
+    that was not a shift (rising or heavy-tailed noise gives two agreeing one-signed values
+    often, three rarely: a runs rule, as on control charts (Western Electric 1956), with a
+    detection delay of two steps). :meth:`update_log` uses agreement by c√(2R) alone and counts
+    only opposite signs as a noise rise (on the log scale a level's noise does not grow with it,
+    and a gradient clip's raised bound must not ratchet on a ramp of raised observations,
+    ``tests/test_clip.py``). Every candidate but the leaders (the largest weight before the
+    run's last value) restarts as the mean of the run, slope 0, p = diag(1/n, 0) (``alpha``
     reads 1 at a restart); the leaders keep the old level and drop to the least weight, so a
     false shift is undone as soon as the restarted candidates err; the other weights are kept,
     as a shift changes the level, not the dynamics. One value short of a shift, the reported
@@ -281,7 +284,7 @@ class AdaptiveEMA:
         """:meth:`update_log` in torch, on validated arguments."""
         y = obs.log()
         keep = y > -math.inf
-        return self._update_reference(y, keep if mask is None else mask & keep).exp()
+        return self._update_reference(y, keep if mask is None else mask & keep, log=True).exp()
 
     def _check(self, obs: torch.Tensor, mask: torch.Tensor | None) -> None:
         if not isinstance(obs, torch.Tensor):
@@ -353,8 +356,12 @@ class AdaptiveEMA:
         return self._update_reference(obs, mask)
 
     @torch.no_grad()
-    def _update_reference(self, obs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`update` in torch, on validated arguments (the kernel's oracle)."""
+    def _update_reference(
+        self, obs: torch.Tensor, mask: torch.Tensor | None, *, log: bool = False
+    ) -> torch.Tensor:
+        """:meth:`update` in torch, on validated arguments (the kernel's oracle); ``log``: of
+        :meth:`update_log` (on the log scale a level's noise does not grow with it, so a run
+        agrees by R's measure only, and only exceedances of opposite signs are a noise rise)."""
         s = self._t
         # No branch on values anywhere below: every case is a torch.where, so nothing syncs.
         y = obs.to(self.dtype)
@@ -411,7 +418,7 @@ class AdaptiveEMA:
         r_ref = torch.where(has_r, r_old, r_new)
         agree = d2 <= c * c * 2.0 * r_ref
         apart = torch.minimum((y - pred_mix).abs(), (s["prev_obs"] - pred_mix).abs())
-        near = d2 <= (AGREE_FRACTION * apart).square()
+        near = d2 <= (AGREE_FRACTION * apart).square() if not log else torch.zeros_like(exceed)
         link = both & (z * prev_z > 0) & (agree | near)
         run_n = torch.where(link, s["run_n"] + 1.0, exceed.to(self.dtype))
         run_sum = torch.where(link, s["run_sum"], 0.0) + torch.where(exceed, y, 0.0)
@@ -433,7 +440,7 @@ class AdaptiveEMA:
         # (a level does not move both ways): R jumps to their half squared difference (over c² R),
         # as a shift restarts the level; at a shift whose values disagreed, R jumps to the noise
         # among them.
-        rise = both & ~link & has_r
+        rise = both & (z * prev_z < 0 if log else ~link) & has_r
         r_new = torch.where(rise, torch.maximum(r_new, 0.5 * d2), r_new)
         r_run = run_d2 / (run_n - 1.0).clamp(min=1.0)
         r_new = torch.where(shift, torch.maximum(r_new, r_run), r_new)

@@ -104,7 +104,7 @@ def _clip_kernel(
     est, _ = _ema_step(
         tab, BOUND, TAIL, g, gm, y, gm & (y > -float("inf")),
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
-        K, KP, META, TINY, DOF_MAX,
+        K, KP, META, TINY, DOF_MAX, True,  # update_log's rules
     )  # fmt: skip
     tl.store(slot + g, tl.exp(est), mask=gm)
 

@@ -116,9 +116,11 @@ def _ema_step(
     META: tl.constexpr,
     TINY: tl.constexpr,
     DOF_MAX: tl.constexpr,
+    LOG_RULES: tl.constexpr = False,
 ):
     """``AdaptiveEMA.update`` of the lanes' slots (state loaded by ``_ema_load``); stores the
-    new state, returns the estimate. Line for line the torch code of ``estimate.py``."""
+    new state, returns the estimate. Line for line the torch code of ``estimate.py``;
+    ``LOG_RULES``: of ``update_log`` (its ``log=True`` shift and noise-rise rules)."""
     finite = (obs == obs) & (tl.abs(obs) < float("inf"))
     chosen = chosen & ok
     take = chosen & finite
@@ -174,7 +176,10 @@ def _ema_step(
     apart = tl.minimum(tl.abs(y - pred_mix), tl.abs(prev_obs - pred_mix))
     near_d = _AGREE * apart
     near = d2 <= near_d * near_d  # or by less than a fraction of their distance from it
-    link = both & (z * prev_z > 0) & (agree | near)
+    if LOG_RULES:
+        link = both & (z * prev_z > 0) & agree
+    else:
+        link = both & (z * prev_z > 0) & (agree | near)
     run_n = tl.where(link, run_n0 + 1.0, exceed.to(tl.float32))
     run_sum = tl.where(link, run_sum0, 0.0) + tl.where(exceed, y, 0.0)
     run_d2 = tl.where(link, run_d20 + tl.where(agree, 0.0, 0.5 * d2), 0.0)
@@ -185,7 +190,10 @@ def _ema_step(
     need = tl.where(quiet >= _QUIET, _SHIFT_RUN, _NOISY_RUN)
     shift = run_n >= need
     pending = (run_n >= 2.0) & (run_n == need - 1.0)
-    rise = both & ~link & has_r  # a rise of the noise
+    if LOG_RULES:  # a rise of the noise
+        rise = both & (z * prev_z < 0) & has_r
+    else:
+        rise = both & ~link & has_r
     r_new = tl.where(rise, tl.maximum(r_new, 0.5 * d2), r_new)
     r_run = run_d2 / tl.maximum(run_n - 1.0, 1.0)
     r_new = tl.where(shift, tl.maximum(r_new, r_run), r_new)
@@ -275,7 +283,7 @@ def _ema_update_kernel(
     est, _ = _ema_step(
         tab, 0, TAIL, slot, ok, y, chosen,
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
-        K, KP, META, TINY, DOF_MAX,
+        K, KP, META, TINY, DOF_MAX, LOG,
     )  # fmt: skip
     if LOG:
         tl.store(out + slot, tl.exp(est), mask=ok)
