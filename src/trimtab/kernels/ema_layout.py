@@ -90,9 +90,10 @@ def normal_upper_quantile(p: float) -> float:
     return 0.5 * (lo + hi)
 
 
-# A shift is declared when two consecutive standardized innovations exceed c with the same sign;
-# under the model that has probability 2 Φ(-c)² per step, set equal to FALSE_SHIFT_PROB. One lone
-# innovation beyond c is an outlier and is winsorized at c (Huber 1964).
+# c is set so that two consecutive standardized innovations exceed it with the same sign with
+# probability 2 Φ(-c)² = FALSE_SHIFT_PROB per step under the model; a shift needs a run of
+# SHIFT_RUN such exceedances that agree, rarer still. One lone innovation beyond c is an outlier
+# and is winsorized at c (Huber 1964).
 OUTLIER_Z = normal_upper_quantile(math.sqrt(FALSE_SHIFT_PROB / 2.0))
 
 
