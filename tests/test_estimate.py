@@ -430,3 +430,24 @@ def test_a_shift_whose_noise_grew_with_it_raises_the_noise() -> None:
     for v in (10.3, 9.1, 10.9, 9.6):
         est = ema.update(torch.tensor([v], dtype=torch.float64))
     assert abs(float(est) - 10.0) < 1.0 and float(ema.noise_var) > 20 * r_before
+
+
+def test_a_noise_free_closed_loop_holds_its_fixed_point():
+    """The C51 support's loop (a bound fed back into its own measurement: every target reaches
+    1 + 0.99 b) gives update_log an input with no noise. R floored at R_FLOOR_LOG keeps the
+    estimate at the fixed point 100; at TINY (1e-12) the winsorised candidates froze off the
+    input and the support fell to ~9 near update 4,100 (benchmarks/support_loop.py)."""
+    from trimtab.bounds import AdaptiveBounds
+
+    bounds = AdaptiveBounds(["targets"], q=0.99, floor=1e-3)
+    reach = torch.empty(128)
+    seen = []
+    for _ in range(5000):
+        b = bounds.read("targets")
+        seen.append(float(b))
+        reach.copy_(1.0 + 0.99 * b)
+        bounds.measure("targets", reach)
+        bounds.clamp_("targets", reach)
+        bounds.fold()
+    late = seen[1000:]
+    assert 90.0 < min(late) and max(late) < 102.0

@@ -21,6 +21,7 @@ from trimtab.kernels.ema_layout import (
     NOISY_RUN,
     OUTLIER_Z,
     QUIET_STEPS,
+    R_FLOOR_LOG,
     SHIFT_RUN,
     TINY,
 )
@@ -33,13 +34,14 @@ __all__ = [
     "META_RATE",
     "NOISE_RATE",
     "OUTLIER_Z",
+    "R_FLOOR_LOG",
     "TINY",
     "AdaptiveEMA",
     "check_mask",
 ]
 
 # The numerical constants (META_RATE, FALSE_SHIFT_PROB and the outlier threshold OUTLIER_Z it
-# fixes, TINY) and the Student-t thresholds are defined, with their reasons, in
+# fixes, TINY, R_FLOOR_LOG) and the Student-t thresholds are defined, with their reasons, in
 # ``trimtab.kernels.ema_layout``: one definition for this reference and its kernels.
 
 # The candidates' steady-state level gains: 1/2, 1/4, ... down to ≈ META_RATE. Gains are
@@ -386,7 +388,8 @@ class AdaptiveEMA:
         has_r = torch.isfinite(r_old)
         d2c = torch.where(has_r, torch.minimum(d2, c * c * 2.0 * r_old) / kappa, d2)
         r_new = torch.where(has_r, r_old + b * (0.5 * d2c - r_old), 0.5 * d2)
-        r_use = torch.where(has_r, r_old, r_new).clamp(min=TINY)[:, None]
+        floor = R_FLOOR_LOG if log else TINY  # update_log: a magnitude's resolution
+        r_use = torch.where(has_r, r_old, r_new).clamp(min=floor)[:, None]
 
         # Every candidate predicts (state and covariance over R, F = [[1, 1], [0, 1]]).
         level, slope, score = s["level"], s["slope"], s["score"]

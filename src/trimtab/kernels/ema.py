@@ -36,6 +36,7 @@ from trimtab.kernels.ema_layout import (
     NOISE_RATE,
     NOISY_RUN,
     QUIET_STEPS,
+    R_FLOOR_LOG,
     SHIFT_RUN,
     TINY,
     dof_tables,
@@ -45,6 +46,7 @@ BLOCK_SLOTS = 16  # slots per program
 # R's meta-rate, a global the jit functions read (not a launch argument: the clip's and the
 # optimizer's kernels call _ema_step with their own signatures).
 _NOISE_RATE: tl.constexpr = tl.constexpr(NOISE_RATE)
+_R_FLOOR_LOG: tl.constexpr = tl.constexpr(R_FLOOR_LOG)  # R's floor under update_log's rules
 _LEAD_TOL: tl.constexpr = tl.constexpr(LEAD_TOL)
 # The shift detector's counts and agreement fraction (ema_layout), as floats: runs are counted
 # in float32, as in the reference.
@@ -141,7 +143,10 @@ def _ema_step(
     d2c = tl.where(has_r, tl.minimum(d2, c * c * 2.0 * r_old) / kappa, d2)
     r_new = tl.where(has_r, r_old + b * (0.5 * d2c - r_old), 0.5 * d2)
     r_sel = tl.where(has_r, r_old, r_new)
-    r_use = tl.where(r_sel < TINY, TINY, r_sel)[:, None]  # clamp(min=TINY): NaN stays NaN
+    if LOG_RULES:  # update_log: a magnitude's resolution (ema_layout.R_FLOOR_LOG)
+        r_use = tl.where(r_sel < _R_FLOOR_LOG, _R_FLOOR_LOG, r_sel)[:, None]  # NaN stays NaN
+    else:
+        r_use = tl.where(r_sel < TINY, TINY, r_sel)[:, None]  # clamp(min=TINY): NaN stays NaN
 
     kk = tl.arange(0, KP)
     km = kk < K

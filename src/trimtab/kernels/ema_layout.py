@@ -65,6 +65,13 @@ AGREE_FRACTION = 0.5
 # Absolute floor on the noise variance R: a constant signal (R = 0) divides by a tiny number rather
 # than by zero. Only signals whose noise is below 1e-6 in their own units ever reach it.
 TINY = 1e-12
+# Floor on R in update_log's units (log of a magnitude): a magnitude is not known to better than
+# 0.1% (sd 1e-3 in log units). A loop that feeds a bound back into its own measurement (the C51
+# support: every target reaches G + γ·bound) gives an input with no noise at all; with R at TINY
+# every later deviation is an outlier, the winsorised candidates freeze off the input and one
+# trend candidate runs away (support_loop.py: CartPole's support wandered 1.9 .. 16,765 and sat
+# below half its fixed point 100 for 7,520 of 19,000 updates; with this floor 0, held at 99.5).
+R_FLOOR_LOG = 1e-6
 
 EMA_FIELDS = (
     "mean", "r", "prev_obs", "prev_z", "alpha", "count", "nonfinite_count",
