@@ -134,9 +134,11 @@ def build_trials(args: argparse.Namespace) -> list[Trial]:
     for env in args.envs:
         base = base_data(env, args)
         v = support_of(base)
-        for scale in args.scales:
-            for arm in args.arms:
-                label = f"{arm} ({args.variant})" if args.variant else arm
+        for arm in args.arms:  # arm-major: a grid cut short by --time-limit has whole arms
+            label = f"{arm} ({args.variant})" if args.variant else arm
+            for scale in args.scales:
+                if arm == "tuned" and scale == 1.0:
+                    continue  # ±V x 1 is the base support: fixed's very run (aggregate())
                 for seed in args.seeds:
                     trial = Trial(env, label, float(scale), seed, None, Path())
                     run_dir = args.runs / env / trial.cell / f"seed{seed}"
@@ -408,6 +410,14 @@ def aggregate(records: list[dict]) -> list[dict]:
         c["status"][r["status"]] = c["status"].get(r["status"], 0) + 1
         if r.get("value") is not None:
             c["seeds"][str(r["seed"])] = r["value"]
+    for (env, steps, arm, scale), c in list(cells.items()):
+        tuned = arm.replace("fixed", "tuned", 1)
+        if (
+            arm.split(" (")[0] == "fixed"
+            and scale == 1.0
+            and any(k[:3] == (env, steps, tuned) for k in cells)
+        ):  # tuned at x1 is fixed at x1: the same config, run once
+            cells.setdefault((env, steps, tuned, scale), {**c, "arm": tuned, "same_as": arm})
     for c in cells.values():
         c["mean"], c["se"] = _mean_se(list(c["seeds"].values()))
         c["n"] = len(c["seeds"])
@@ -419,7 +429,8 @@ def _fmt(c: dict | None) -> str:
         return "-"
     prec, sign = (2, "+") if c["env"] == "market" else (1, "")  # a Sharpe shows its sign
     se = "" if c["se"] is None else f" ± {c['se']:.{prec}f}"
-    return f"{c['mean']:{sign}.{prec}f}{se} ({c['n']})"
+    same = f", = {c['same_as']}" if c.get("same_as") else ""
+    return f"{c['mean']:{sign}.{prec}f}{se} ({c['n']}{same})"
 
 
 def markdown(cells: list[dict]) -> str:

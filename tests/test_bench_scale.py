@@ -37,10 +37,10 @@ def test_scale_quick_two_calls_merge(tmp_path):
     summary = json.loads((Path(rec["run_dir"]) / "summary.json").read_text())
     assert rec["fold_sharpe"] == [f["sharpe"] for f in summary["folds"]]
     b = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
-                    "--variant", "h2", "--set", "run.clamp_headroom=2.0",
+                    "--variant", "h3", "--set", "run.clamp_headroom=3.0",
                     "--out", str(tmp_path / "b.json")])  # fmt: skip
     [rec] = b["records"]
-    assert rec["arm"] == "tuned (h2)" and rec["config"]["clamp_headroom"] == 2.0
+    assert rec["arm"] == "tuned (h3)" and rec["config"]["clamp_headroom"] == 3.0
     cfg = (Path(rec["run_dir"]) / "config.toml").read_text()
     assert 'stability = "fixed"' in cfg and "v_max = 100000.0" in cfg  # ±100 x 1000
     assert "reward_scale = 1000.0" in cfg
@@ -48,14 +48,14 @@ def test_scale_quick_two_calls_merge(tmp_path):
     doc = bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                       "--out", str(out)])  # fmt: skip
     arms = {(r["env"], r["arm"]) for r in doc["records"]}
-    assert arms == {("market", "adaptive"), ("cartpole", "tuned (h2)")}
+    assert arms == {("market", "adaptive"), ("cartpole", "tuned (h3)")}
     assert doc["units_check"]["market"]["equal"]
-    assert "| tuned (h2) | " in out.with_suffix(".md").read_text()
+    assert "| tuned (h3) | " in out.with_suffix(".md").read_text()
     assert sorted(Path(p).name for p in doc["plots"]) == ["merged_cartpole.png",
                                                           "merged_market.png"]  # fmt: skip
     # a rerun reads finished trials back instead of training them again
     again = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
-                        "--variant", "h2", "--set", "run.clamp_headroom=2.0",
+                        "--variant", "h3", "--set", "run.clamp_headroom=3.0",
                         "--out", str(out)])  # fmt: skip
     assert len(again["records"]) == 2  # merged into the existing file
     [reread] = [r for r in again["records"] if r["env"] == "cartpole"]
@@ -63,7 +63,7 @@ def test_scale_quick_two_calls_merge(tmp_path):
     # the same run directory with another config is refused, not read back
     with pytest.raises(SystemExit, match="another config"):
         bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
-                    "--variant", "h2", "--out", str(out)])  # fmt: skip
+                    "--variant", "h3", "--out", str(out)])  # fmt: skip
 
 
 def test_merge_keeps_a_result_over_a_later_unfinished_record():
@@ -77,3 +77,21 @@ def test_merge_keeps_a_result_over_a_later_unfinished_record():
     cells = bench.aggregate([done, {**newer, "seed": 2}, {**done, "seed": 3, "value": 490.0}])
     [c] = cells
     assert c["n"] == 3 and c["mean"] == 490.0 and abs(c["se"] - 10 / 3**0.5) < 1e-9
+
+
+def test_tuned_at_x1_is_fixed_at_x1_run_once():
+    """±V x 1 is the base support: the grid runs that trial once, as ``fixed``, and the table
+    shows it under ``tuned`` too, marked as the same run."""
+    bench = _bench()
+    args = bench.parse(["--envs", "cartpole", "--quick", "--runs", "/tmp/unused",
+                             "--scales", "1", "30", "--seeds", "1"])  # fmt: skip
+    trials = bench.build_trials(args)
+    assert [(t.arm, t.scale) for t in trials] == [
+        ("adaptive", 1.0), ("adaptive", 30.0), ("fixed", 1.0), ("fixed", 30.0),
+        ("off", 1.0), ("off", 30.0), ("tuned", 30.0)]  # fmt: skip
+    recs = [{"env": "cartpole", "steps": "s", "arm": a, "scale": sc, "seed": 1,
+             "status": "done", "value": v}
+            for a, sc, v in (("fixed", 1.0, 480.0), ("tuned", 30.0, 300.0))]  # fmt: skip
+    cells = {(c["arm"], c["scale"]): c for c in bench.aggregate(recs)}
+    assert cells[("tuned", 1.0)]["mean"] == 480.0 and cells[("tuned", 1.0)]["same_as"] == "fixed"
+    assert "480.0 (1, = fixed)" in bench.markdown(list(cells.values()))

@@ -106,9 +106,10 @@ class RunConfig:
     # clamp binds)
     bound_quantile: float = 0.99
     # adaptive mode: the trunk and target clamps bind at clamp_headroom x their measured bound
-    # (1: at the quantile itself, cutting 1 - bound_quantile of the values on every step); the
-    # support is the bound itself, and the engagement test counts exceedances of the bound
-    clamp_headroom: float = 1.0
+    # (1: at the quantile itself, cutting 1 - bound_quantile of the values on every step; 2, the
+    # default: on excursions only, README "Where a clamp binds"); the support is the bound
+    # itself, and the engagement test counts exceedances of the bound
+    clamp_headroom: float = 2.0
     # The guarded learn step captured in a CUDA graph and replayed per step (README: Speed on
     # the GPU): "auto" = on a CUDA device, eager on the CPU; "on" = capture (refused on the
     # CPU); "off" = eager everywhere. Same numbers either way (tested on the GPU).
