@@ -4,8 +4,11 @@
 # resumable, so a grid spreads over several calls (the run directories stay under .grid/ while
 # the machine is held; the call also sends them back as tarballs to resume from elsewhere).
 #
-#   TRIMTAB_COMMIT=<hash> bash benchmarks/h200_grid.sh SECONDS [CARTPOLE_JOBS] [MARKET_JOBS] [tests]
+#   TRIMTAB_COMMIT=<hash> [CP_DEVICE=cuda] bash benchmarks/h200_grid.sh SECONDS [CARTPOLE_JOBS] \
+#       [MARKET_JOBS] [tests]
 #
+# CP_DEVICE: where the CartPole trials train (cpu: one core each; cuda, the default: the GPU,
+# shared by the processes, each with its own core). Market trials train on the GPU.
 # SECONDS: the grid's --time-limit (trials still running then stop at their last checkpoint).
 # "tests" also runs the GPU test files beside the grid, on the cores it leaves free.
 # Before a call on a fresh machine, unpack earlier tarballs: tar xzf grid_*.tgz (from the repo).
@@ -20,14 +23,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:/tmp/site"
 for t in .grid/carry/*.tgz; do [[ -f $t ]] && tar xzf "$t"; done
 RUNS=.grid/runs
+CP_DEVICE=${CP_DEVICE:-cuda}
 R=/tmp/gridout  # tables, plots and logs: one tarball back ($OUT takes at most 8 files)
 mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc | tee -a "$OUT/gpu.txt"
 pids=()
 if ((cp_jobs > 0)); then
-  python3 benchmarks/scale.py --envs cartpole --engine pool --jobs "$cp_jobs" \
-    --time-limit "$limit" --runs "$RUNS" --no-units-check --out "$R/scale_cartpole.json" \
+  python3 benchmarks/scale.py --envs cartpole --device "$CP_DEVICE" --engine pool \
+    --jobs "$cp_jobs" --time-limit "$limit" --runs "$RUNS/$CP_DEVICE" --no-units-check \
+    --out "$R/scale_cartpole_$CP_DEVICE.json" \
     >"$R/grid_cartpole.log" 2>&1 &
   pids+=($!)
 fi
@@ -38,23 +43,22 @@ if ((mk_jobs > 0)); then
   pids+=($!)
 fi
 if [[ $what == tests ]]; then
-  timeout $((limit - 20)) python3 -m pytest -q -p no:cacheprovider tests/test_ema_kernel.py \
-    tests/test_estimate.py tests/test_optim_kernel.py tests/test_sentinel.py tests/test_clip.py \
-    tests/test_bounds.py tests/test_clamp.py tests/test_quantile.py tests/rl/test_graphed.py \
-    tests/rl/test_learner_gpu.py tests/rl/test_collect.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  timeout $((limit - 20)) python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests} \
+    2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 wait "${pids[@]}"
-tail -5 "$R"/grid_*.log
+tail -n 5 "$R"/grid_*.log
 tar czf "$OUT/grid_results.tgz" -C /tmp gridout
 # finished runs: their light files; unfinished: their last checkpoint and config (to resume)
 find "$RUNS" -name summary.json -printf '%h\n' | sort >/tmp/done.txt
 { while read -r d; do ls "$d"/*.json "$d"/*.csv "$d"/*.toml "$d"/*.log 2>/dev/null; done </tmp/done.txt
-  ls "$RUNS"/*/.trimtab-sweep "$RUNS"/*/*/*.toml 2>/dev/null; } >/tmp/light.txt
+  find "$RUNS" -name .trimtab-sweep -o -name 'seed*.toml'; } >/tmp/light.txt
 tar czf "$OUT/grid_done.tgz" -T /tmp/light.txt
-for env in cartpole market; do
+for env in cpu/cartpole cuda/cartpole market; do
   find "$RUNS/$env" -mindepth 2 -maxdepth 2 -type d -name 'seed*' 2>/dev/null | while read -r d; do
     grep -qx "$d" /tmp/done.txt || ls "$d"/config.toml "$d"/checkpoints/last.pt "$d"/*.csv 2>/dev/null
-  done >"/tmp/open_$env.txt"
-  [[ -s /tmp/open_$env.txt ]] && tar czf "$OUT/grid_open_$env.tgz" -T "/tmp/open_$env.txt"
+  done >"/tmp/open_${env//\//_}.txt"
+  [[ -s /tmp/open_${env//\//_}.txt ]] &&
+    tar czf "$OUT/grid_open_${env//\//_}.tgz" -T "/tmp/open_${env//\//_}.txt"
 done
 ls -la "$OUT"
