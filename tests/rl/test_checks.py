@@ -63,3 +63,38 @@ def test_one_fold_a_step_is_each_buffers_fold_after_its_check(tmp_path):
     ours, theirs = checks.watch_ema.state_dict(), reference.state_dict()
     for k in theirs:
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, equal_nan=True, msg=k)
+
+
+def test_adam_moments_fire_on_the_gradients_excursion_not_on_sparsity(tmp_path):
+    """Adam's first moment averages clipped gradients, so its threshold is the gradients'
+    (1e3 x the clip bound), not a multiple of its own group p99: a sparse gradient (C51 at a
+    reward scale of 1e-3 puts it on a few atoms' rows) has max |m| far above 1e3 x the p99 in
+    health, which once halted 5 of 6 market runs at x0.001. v is checked for non-finite only
+    (v <= the clip bound squared follows from m's check and the gradients')."""
+    from rl_helpers import wired_learner
+
+    learner = wired_learner(tiny(tmp_path))
+    checks, net = learner.stability.checks, learner.agent.online
+    state = checks.state
+    params = [p for p in net.parameters() if p.ndim >= 2]
+    p = params[-1]
+    bound = 0.5
+    state["grad_clip_bound"].fill_(bound)
+    state["adam_p99_m"].fill_(1e-9)  # the moments' own p99: tiny, as on a sparse gradient
+    state["adam_p99_v"].fill_(1e-18)
+    learner.agent.optimizer.state[p]["exp_avg"] = torch.zeros_like(p)
+    learner.agent.optimizer.state[p]["exp_avg_sq"] = torch.zeros_like(p)
+    learner.agent.optimizer.state[p]["exp_avg"].view(-1)[0] = 0.9 * bound  # healthy: |m| <= bound
+    learner.agent.optimizer.state[p]["exp_avg_sq"].view(-1)[0] = (0.9 * bound) ** 2
+    checks.weights()
+    assert not bool(checks.sentinel.fired())
+    learner.agent.optimizer.state[p]["exp_avg"].view(-1)[1] = 2e3 * bound  # an excursion
+    checks.weights()
+    [firing] = checks.sentinel.report()
+    assert firing.name.startswith("adam_m.") and firing.kind == "threshold"
+    checks.sentinel.reset()
+    learner.agent.optimizer.state[p]["exp_avg"].view(-1)[1] = 0.0
+    learner.agent.optimizer.state[p]["exp_avg_sq"].view(-1)[2] = math.inf
+    checks.weights()
+    [firing] = checks.sentinel.report()
+    assert firing.name.startswith("adam_v.") and firing.kind == "inf"
