@@ -42,6 +42,7 @@ def test_default_key_from_provenance(tmp_path: Path) -> None:
     record = {**provenance(), "rows": [1, 2]}
     key = save_record(out, None, record)
     assert key == record_key(record) and json.loads(out.read_text()) == {key: record}
+    assert save_record(out, "", record) == key  # --key "" is no name, as before
 
 
 def test_file_mode_is_kept(tmp_path: Path) -> None:

@@ -72,11 +72,11 @@ def record_key(record: Mapping[str, Any]) -> str:
 def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent: int = 1) -> str:
     """Store ``record`` as ``out[key]`` in a JSON file of named records; returns the key.
 
-    ``key=None`` names it :func:`record_key` (the record carries :func:`provenance`'s date and
-    commit). The file's other records are kept, and a record of the same name is replaced in
-    place. The new file is written beside the old one and renamed over it, so an interrupted
-    write leaves the old file whole; a file that is not a JSON object is an error and is left
-    as it was.
+    An empty ``key`` (None, or ``--key ""``) names it :func:`record_key` (the record carries
+    :func:`provenance`'s date and commit). The file's other records are kept, and a record of
+    the same name is replaced in place. The new file is written beside the old one and renamed
+    over it, so an interrupted write leaves the old file whole; a file that is not a JSON object
+    is an error and is left as it was.
     """
     target = Path(out).resolve()  # through a symlink, as writing to it would
     data: dict[str, Any] = {}
@@ -93,13 +93,14 @@ def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent
                 f"{out} holds a JSON {type(data).__name__}, not an object of named records; it "
                 "was left as it is: move it, or write the record to another file"
             )
-    name = record_key(record) if key is None else key
+    name = key or record_key(record)
     data[name] = record
+    text = json.dumps(data, indent=indent) + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "x") as f:  # mode 0o666 & ~umask, as a new file written directly
-            f.write(json.dumps(data, indent=indent) + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         if target.exists():
