@@ -25,7 +25,6 @@ Writes a record (provenance) to ``benchmarks/results/sentinel_share.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cartpole.toml"
@@ -134,10 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "rounds": rounds, "quick": args.quick, "modes": modes}  # fmt: skip
     out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     if out is not None:
-        data = json.loads(out.read_text()) if out.is_file() else {}
-        data[args.key or f"run_{record['date'][:10]}_{record['commit'][:7]}"] = record
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=1) + "\n")
+        save_record(out, args.key, record)
     return record
 
 

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cartpole.json"
@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
         if "error" in r:
             print(f"{r['mode']} seed {r['seed']} failed (rc {r['rc']}): {r['error'][-300:]}")
     if not args.quick:
-        data = json.loads(args.out.read_text()) if args.out.is_file() else {}
-        key = args.key or f"run_{record['date'][:10]}_{record['commit'][:7]}"
-        data[key] = record
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        save_record(args.out, args.key, record)
     return record
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "clamp_engagement.json"
@@ -91,11 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in runs:
         print(json.dumps({k: v for k, v in r.items() if k != "run_dir"}), r["run_dir"])
     record = {**provenance(), "command": " ".join(sys.argv), "note": args.note, "runs": runs}
-    data = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    key = args.key or f"run_{record['date'][:10]}_{record['commit'][:7]}"
-    data[key] = record
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    save_record(args.out, args.key, record)
     return record
 
 

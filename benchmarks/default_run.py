@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "default_run_h200.json"
@@ -128,11 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "jobs": args.jobs, "quick": args.quick, "runs": rows, "aggregate": agg}  # fmt: skip
     out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     if out is not None:
-        data = json.loads(out.read_text()) if out.is_file() else {}
-        key = args.key or f"run_{record['date'][:10]}_{record['commit'][:7]}"
-        data[key] = record
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=1) + "\n")
+        save_record(out, args.key, record)
     return record
 
 

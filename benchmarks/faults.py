@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, save_record
 from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import from_dict, to_toml
@@ -350,10 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"    {n}")
     record = {**provenance("cpu"), "quick": args.quick, "seed": args.seed,
               "command": " ".join(sys.argv), "results": results}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    saved = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    saved["quick" if args.quick else "full"] = record
-    args.out.write_text(json.dumps(saved, indent=2) + "\n")
+    save_record(args.out, "quick" if args.quick else "full", record, indent=2)
     return record
 
 

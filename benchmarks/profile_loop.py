@@ -14,7 +14,6 @@ gradient steps. Prints a table; ``--out`` adds a JSON record (machine, date, com
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, save_record
 
 PARTS = {
     "collect": ("trimtab.rl.collect", "Collector", "step"),
@@ -118,9 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, r in rows.items():
         print(f"  {name:12} {r['s']:7.2f} s  {r['calls']:6d} calls  {r['us_per_call']:9.0f} us")
     if args.out is not None:
-        data = json.loads(args.out.read_text()) if args.out.is_file() else {}
-        data[args.key or f"run_{record['date'][:10]}_{record['commit'][:7]}"] = record
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        save_record(args.out, args.key, record)
     return record
 
 

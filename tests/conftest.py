@@ -1,4 +1,5 @@
-"""Test set-up: kernels run under Triton's CPU interpreter where there is no CUDA device.
+"""Test set-up: kernels run under Triton's CPU interpreter where there is no CUDA device, and
+the benchmark scripts (not a package) are loaded by name for the tests that run them.
 
 ``TRITON_INTERPRET`` is read when a ``@triton.jit`` function is defined, so it is set here,
 before any test imports a kernel module.
@@ -6,7 +7,12 @@ before any test imports a kernel module.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -30,3 +36,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def kernel_device() -> torch.device:
     """Where kernel tests put their tensors: CUDA when present, else the CPU interpreter."""
     return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def load_bench() -> Callable[[str], ModuleType]:
+    """``load_bench(name)``: ``benchmarks/<name>.py`` executed afresh as module ``name``. It is
+    registered in ``sys.modules`` first, where a dataclass of the script looks its module up."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return load

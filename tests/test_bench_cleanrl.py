@@ -4,24 +4,15 @@ otherwise the peer is skipped with a message that says why."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
-BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_cleanrl.py"
 PEER = Path(__file__).parents[2] / "shared" / "peers" / "cleanrl"  # ../shared beside the repo
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_cleanrl", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
-def test_bench_cleanrl_quick(tmp_path, capsys):
-    bench = _bench()
+def test_bench_cleanrl_quick(load_bench, tmp_path, capsys):
+    bench = load_bench("bench_cleanrl")
     python = os.environ.get("CLEANRL_PYTHON")
     peer = ["--cleanrl", str(PEER), "--cleanrl-python", python] if python else []
     out = tmp_path / "cleanrl.json"
@@ -48,8 +39,8 @@ def test_bench_cleanrl_quick(tmp_path, capsys):
     assert "steps/s" in printed
 
 
-def test_the_peer_is_refused_with_the_reason():
-    bench = _bench()
+def test_the_peer_is_refused_with_the_reason(load_bench):
+    bench = load_bench("bench_cleanrl")
     assert "no --cleanrl" in bench.peer_problem(None, None)
     assert "c51.py does not exist" in bench.peer_problem(Path("/nonexistent"), "python")
     # the time to solve: the first time the last 5000 steps' episodes average >= 475

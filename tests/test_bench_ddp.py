@@ -3,17 +3,12 @@ so it cannot rot: the run's summary, the samples counted over ranks and the JSON
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_ddp.py"
 
-
-def test_bench_ddp_quick(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_ddp", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_bench_ddp_quick(load_bench, tmp_path: Path) -> None:
+    bench = load_bench("bench_ddp")
     out = tmp_path / "ddp.json"
     result = bench.main(["--quick", "--layouts", "2x1", "--repeats", "1", "--out", str(out),
                          "--runs", str(tmp_path / "runs")])  # fmt: skip

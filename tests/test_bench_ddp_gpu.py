@@ -4,22 +4,17 @@ waits probed, the JSON record written."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_ddp_gpu.py"
-
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_bench_ddp_gpu_quick(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_ddp_gpu", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_bench_ddp_gpu_quick(load_bench, tmp_path: Path) -> None:
+    bench = load_bench("bench_ddp_gpu")
     out = tmp_path / "ddp_gpu.json"
     result = bench.main(["--quick", "--world", "2", "--out", str(out)])
     many = "world2_nccl" if torch.cuda.device_count() >= 2 else "world2_gloo"

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ema.py"
 
-
-def test_bench_ema_quick_writes_results(tmp_path: Path, capsys) -> None:
-    spec = importlib.util.spec_from_file_location("bench_ema", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_bench_ema_quick_writes_results(load_bench, tmp_path: Path, capsys) -> None:
+    bench = load_bench("bench_ema")
     out = tmp_path / "ema.json"
     bench.main(["--quick", "--out", str(out), "--device", "cpu"])
     report = json.loads(out.read_text())

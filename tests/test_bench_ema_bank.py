@@ -3,29 +3,16 @@ the bank's split is fixed by family and covers every family of the issue."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
-def bank():
-    return _load("bench_ema_bank")
+def bank(load_bench):
+    return load_bench("bench_ema_bank")
 
 
 def test_bank_split_is_fixed_and_covers_both_banks(bank) -> None:
@@ -72,8 +59,8 @@ def test_bench_ema_bank_quick_writes_results(bank, tmp_path: Path, capsys) -> No
     )
 
 
-def test_bench_ema_alarm_quick_writes_results(tmp_path: Path, capsys) -> None:
-    alarm = _load("bench_ema_alarm")
+def test_bench_ema_alarm_quick_writes_results(load_bench, tmp_path: Path, capsys) -> None:
+    alarm = load_bench("bench_ema_alarm")
     out = tmp_path / "ema_alarm.json"
     alarm.main(["--quick", "--out", str(out), "--device", "cpu"])
     report = json.loads(out.read_text())

@@ -3,17 +3,11 @@ quick scenario passes: nothing lost, nothing silent."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-BENCH = Path(__file__).parents[1] / "benchmarks" / "faults.py"
 
 
-def test_faults_quick(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("faults", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_faults_quick(load_bench, tmp_path, capsys):
+    bench = load_bench("faults")
     out = tmp_path / "faults.json"
     record = bench.main(["--quick", "--runs", str(tmp_path / "runs"), "--out", str(out)])
     assert json.loads(out.read_text())["quick"]["commit"]

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_quantile.py"
 
 
-def test_bench_quantile_quick(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_quantile", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_bench_quantile_quick(load_bench, tmp_path):
+    bench = load_bench("bench_quantile")
     out = tmp_path / "quantile.json"
     result = bench.main(["--quick", "--out", str(out)])
     saved = json.loads(out.read_text())

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_sentinel.py"
 
 
-def test_quick_run_writes_json(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_sentinel", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_quick_run_writes_json(load_bench, tmp_path, capsys):
+    bench = load_bench("bench_sentinel")
     out = tmp_path / "sentinel.json"
     bench.main(["--quick", "--out", str(out), "--reps", "2"])
     report = json.loads(out.read_text())

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_sentinel_share.py"
 
 
-def test_bench_sentinel_share_quick(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_sentinel_share", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_bench_sentinel_share_quick(load_bench, tmp_path):
+    bench = load_bench("bench_sentinel_share")
     out = tmp_path / "share.json"
     bench.main(["--quick", "--modes", "off", "--out", str(out)])
     (record,) = json.loads(out.read_text()).values()

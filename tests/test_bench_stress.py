@@ -7,14 +7,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).parents[1] / "benchmarks" / "stress.py"
 
-
-def test_stress_quick(tmp_path):
+def test_stress_quick(load_bench, tmp_path):
     """Through the sweep runner on a local Ray instance; the run directories kept under --runs."""
-    spec = importlib.util.spec_from_file_location("stress", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("stress")
     out = tmp_path / "stress.json"
     engine = [] if importlib.util.find_spec("ray") else ["--serial"]
     bench.main(["--quick", "--device", "cpu", "--runs", str(tmp_path / "runs"), "--out", str(out),
@@ -29,10 +25,8 @@ def test_stress_quick(tmp_path):
     assert all(len(r["sharpe"]) == r["folds_total"] or r["halted"] for r in rows)
 
 
-def test_stress_autocast_is_recorded_and_old_files_merge(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("stress", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_stress_autocast_is_recorded_and_old_files_merge(load_bench, tmp_path, capsys):
+    bench = load_bench("stress")
     old_row = {"seed": 7, "stability": "off", "market": "stress", "folds_total": 2,
                "folds_finite": 2, "halted": None, "first_fire": None, "sharpe": [0.5, -0.5],
                "buy_hold_sharpe": [0.1, 0.2], "ms_per_step": 9.0}  # fmt: skip
@@ -49,10 +43,8 @@ def test_stress_autocast_is_recorded_and_old_files_merge(tmp_path, capsys):
     assert "| stress | none | off | 1/1 | - | +0.00 | +0.15 | 9.0 |" in table
 
 
-def test_stress_set_overrides_every_cell_and_is_tabulated(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("stress", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_stress_set_overrides_every_cell_and_is_tabulated(load_bench, tmp_path, capsys):
+    bench = load_bench("stress")
     out = tmp_path / "stress.json"
     bench.main(["--quick", "--device", "cpu", "--markets", "stress", "--modes", "off", "--serial",
                 "--set", "agent.trunk=\"mlp\"", "--out", str(out)])  # fmt: skip

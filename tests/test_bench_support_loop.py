@@ -3,16 +3,9 @@ cold-start floor the C51 support grows toward r / (1 - γ) within a few hundred 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-BENCH = Path(__file__).parents[1] / "benchmarks" / "support_loop.py"
-
-
-def test_support_loop_quick_grows_toward_the_fixed_point():
-    spec = importlib.util.spec_from_file_location("support_loop", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_support_loop_quick_grows_toward_the_fixed_point(load_bench):
+    bench = load_bench("support_loop")
     doc = bench.main(["--quick"])
     assert abs(doc["fixed_point"] - 100.0) < 1e-9 and doc["updates"] == 600
     first, last = doc["per_block"][0], doc["per_block"][-1]

@@ -1,4 +1,5 @@
-"""Provenance for benchmark JSON: which commit, machine, versions and date a figure came from.
+"""Benchmark JSON: which commit, machine, versions and date a figure came from (provenance),
+and the results file of named records that a benchmark adds its record to (save_record).
 
 The device machine receives a copy of the working tree without ``.git``; the caller passes
 the commit there as ``TRIMTAB_COMMIT`` (``benchmarks/gpu_tier.sh`` does).
@@ -7,16 +8,20 @@ the commit there as ``TRIMTAB_COMMIT`` (``benchmarks/gpu_tier.sh`` does).
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["commit", "provenance"]
+__all__ = ["commit", "provenance", "record_key", "save_record"]
 
 
 def commit() -> str:
@@ -57,3 +62,50 @@ def provenance(device: torch.device | str | None = None) -> dict[str, Any]:
         "triton": triton_version,
         "device_name": name,
     }
+
+
+def record_key(record: Mapping[str, Any]) -> str:
+    """The default name of a record in a results file: ``run_<date>_<commit[:7]>``."""
+    return f"run_{record['date'][:10]}_{record['commit'][:7]}"
+
+
+def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent: int = 1) -> str:
+    """Store ``record`` as ``out[key]`` in a JSON file of named records; returns the key.
+
+    An empty ``key`` (None, or ``--key ""``) names it :func:`record_key` (the record carries
+    :func:`provenance`'s date and commit). The file's other records are kept, and a record of
+    the same name is replaced in place. The new file is written beside the old one and renamed
+    over it, so an interrupted write leaves the old file whole; a file that is not a JSON object
+    is an error and is left as it was.
+    """
+    target = Path(out).resolve()  # through a symlink, as writing to it would
+    data: dict[str, Any] = {}
+    if target.is_file():
+        try:
+            data = json.loads(target.read_text())
+        except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError
+            raise ValueError(
+                f"{out} is not valid JSON ({e}); it was left as it is: repair or move it, "
+                "or write the record to another file"
+            ) from e
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"{out} holds a JSON {type(data).__name__}, not an object of named records; it "
+                "was left as it is: move it, or write the record to another file"
+            )
+    name = key or record_key(record)
+    data[name] = record
+    text = json.dumps(data, indent=indent) + "\n"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "x") as f:  # mode 0o666 & ~umask, as a new file written directly
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if target.exists():
+            shutil.copymode(target, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return name

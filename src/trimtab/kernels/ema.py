@@ -62,24 +62,31 @@ def _ptr(table, j, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _load_field(tab, j, off, mask, DTYPE: tl.constexpr):
+    """Table entry ``j`` (a ``DTYPE`` buffer) at ``off`` where ``mask``, else 0 (``other`` is
+    cast to the buffer's type: 0.0 for a float one)."""
+    return tl.load(_ptr(tab, j, DTYPE) + off, mask=mask, other=0)
+
+
+@triton.jit
 def _ema_load(tab, BASE: tl.constexpr, slot, ok, K: tl.constexpr, KP: tl.constexpr):
     """Load one AdaptiveEMA's state of the lanes' ``slot`` s (see ``estimate.py``)."""
-    mean = tl.load(_ptr(tab, BASE + 0, tl.float32) + slot, mask=ok, other=0.0)
-    r = tl.load(_ptr(tab, BASE + 1, tl.float32) + slot, mask=ok, other=0.0)
-    prev_obs = tl.load(_ptr(tab, BASE + 2, tl.float32) + slot, mask=ok, other=0.0)
-    prev_z = tl.load(_ptr(tab, BASE + 3, tl.float32) + slot, mask=ok, other=0.0)
-    alpha = tl.load(_ptr(tab, BASE + 4, tl.float32) + slot, mask=ok, other=0.0)
-    count = tl.load(_ptr(tab, BASE + 5, tl.int64) + slot, mask=ok, other=0)
-    nonf = tl.load(_ptr(tab, BASE + 6, tl.int64) + slot, mask=ok, other=0)
+    mean = _load_field(tab, BASE + 0, slot, ok, tl.float32)
+    r = _load_field(tab, BASE + 1, slot, ok, tl.float32)
+    prev_obs = _load_field(tab, BASE + 2, slot, ok, tl.float32)
+    prev_z = _load_field(tab, BASE + 3, slot, ok, tl.float32)
+    alpha = _load_field(tab, BASE + 4, slot, ok, tl.float32)
+    count = _load_field(tab, BASE + 5, slot, ok, tl.int64)
+    nonf = _load_field(tab, BASE + 6, slot, ok, tl.int64)
     kk = tl.arange(0, KP)
     cm = ok[:, None] & (kk[None, :] < K)
     off = slot[:, None] * K + kk[None, :]
-    level = tl.load(_ptr(tab, BASE + 11, tl.float32) + off, mask=cm, other=0.0)
-    slope = tl.load(_ptr(tab, BASE + 12, tl.float32) + off, mask=cm, other=0.0)
-    p_ll = tl.load(_ptr(tab, BASE + 13, tl.float32) + off, mask=cm, other=0.0)
-    p_ls = tl.load(_ptr(tab, BASE + 14, tl.float32) + off, mask=cm, other=0.0)
-    p_ss = tl.load(_ptr(tab, BASE + 15, tl.float32) + off, mask=cm, other=0.0)
-    score = tl.load(_ptr(tab, BASE + 16, tl.float32) + off, mask=cm, other=0.0)
+    level = _load_field(tab, BASE + 11, off, cm, tl.float32)
+    slope = _load_field(tab, BASE + 12, off, cm, tl.float32)
+    p_ll = _load_field(tab, BASE + 13, off, cm, tl.float32)
+    p_ls = _load_field(tab, BASE + 14, off, cm, tl.float32)
+    p_ss = _load_field(tab, BASE + 15, off, cm, tl.float32)
+    score = _load_field(tab, BASE + 16, off, cm, tl.float32)
     return mean, r, prev_obs, prev_z, alpha, count, nonf, level, slope, p_ll, p_ls, p_ss, score
 
 
@@ -151,8 +158,8 @@ def _ema_step(
     kk = tl.arange(0, KP)
     km = kk < K
     cm = ok[:, None] & km[None, :]
-    q_level = tl.load(_ptr(tab, TAIL + 0, tl.float32) + kk, mask=km, other=0.0)[None, :]
-    q_slope = tl.load(_ptr(tab, TAIL + 1, tl.float32) + kk, mask=km, other=0.0)[None, :]
+    q_level = _load_field(tab, TAIL + 0, kk, km, tl.float32)[None, :]
+    q_slope = _load_field(tab, TAIL + 1, kk, km, tl.float32)[None, :]
     a_ll = p_ll + 2.0 * p_ls + p_ss + q_level
     a_ls = p_ls + p_ss
     a_ss = p_ss + q_slope
@@ -171,10 +178,10 @@ def _ema_step(
     z = (y - pred_mix) / tl.sqrt(var_mix)
     # The shift detector's run (estimate.py): its state, read and written here so that the
     # clip's and the optimizer's kernels, which call this step, need not carry it.
-    run_n0 = tl.load(_ptr(tab, BASE + 7, tl.float32) + slot, mask=ok, other=0.0)
-    run_sum0 = tl.load(_ptr(tab, BASE + 8, tl.float32) + slot, mask=ok, other=0.0)
-    run_d20 = tl.load(_ptr(tab, BASE + 9, tl.float32) + slot, mask=ok, other=0.0)
-    quiet0 = tl.load(_ptr(tab, BASE + 10, tl.float32) + slot, mask=ok, other=0.0)
+    run_n0 = _load_field(tab, BASE + 7, slot, ok, tl.float32)
+    run_sum0 = _load_field(tab, BASE + 8, slot, ok, tl.float32)
+    run_d20 = _load_field(tab, BASE + 9, slot, ok, tl.float32)
+    quiet0 = _load_field(tab, BASE + 10, slot, ok, tl.float32)
     exceed = tl.abs(z) > c
     both = exceed & (tl.abs(prev_z) > c)
     agree = d2 <= c * c * 2.0 * r_sel  # the two observations differ as noise does
@@ -314,11 +321,11 @@ def _engagement_step(
     """``EngagementCorrection.observe`` of the lanes' consumers ``c`` (counts ``kf`` of ``nf``,
     float64; max ``mx``; ``take``: which observe), the fraction's estimator at table entry 0
     and its state at ``ENG``. Returns the new ``(rate, max)`` of the lanes."""
-    e_rate = tl.load(_ptr(tab, ENG + 0, tl.float32) + c, mask=ok, other=0.0)
-    e_max = tl.load(_ptr(tab, ENG + 1, tl.float32) + c, mask=ok, other=0.0)
-    e_z = tl.load(_ptr(tab, ENG + 2, tl.float32) + c, mask=ok, other=0.0)
-    e_k = tl.load(_ptr(tab, ENG + 3, tl.int64) + c, mask=ok, other=0)
-    e_n = tl.load(_ptr(tab, ENG + 4, tl.int64) + c, mask=ok, other=0)
+    e_rate = _load_field(tab, ENG + 0, c, ok, tl.float32)
+    e_max = _load_field(tab, ENG + 1, c, ok, tl.float32)
+    e_z = _load_field(tab, ENG + 2, c, ok, tl.float32)
+    e_k = _load_field(tab, ENG + 3, c, ok, tl.int64)
+    e_n = _load_field(tab, ENG + 4, c, ok, tl.int64)
     frac = tl.where(take, kf / nf, float("nan")).to(tl.float32)
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, c, ok, K, KP)
     f, _ = _ema_step(

@@ -108,12 +108,20 @@ class ReplayBuffer:
     ) -> None:
         """Add one step of ``n_envs`` envs: ``obs/next_obs [E, obs_dim]``, ``action [E, D]``,
         ``reward/terminated/truncated [E]``. Completed n-step transitions are stored."""
-        n_envs, n = obs.shape[0], self.n_step
-        if self._win is None:
-            if n_envs * n > self.capacity:
+        terminated = terminated.to(self.device, torch.bool)
+        if self.n_step == 1:  # every step leaves its window at once: store it directly
+            self._add_one_step(obs, action, reward, next_obs, terminated)
+        else:
+            self._add_windows(obs, action, reward, next_obs, terminated, truncated)
+
+    def _windows(self, n_envs: int) -> tuple[dict[str, Tensor], Tensor]:
+        """Both paths of :meth:`add` start here: the per-env windows and their lengths,
+        allocated on the first add, and a check that every add brings as many envs."""
+        if self._win is None or self._win_len is None:
+            if n_envs * self.n_step > self.capacity:
                 raise ValueError(
-                    f"capacity {self.capacity} < n_envs*n_step = {n_envs * n}: one step could "
-                    "overwrite rows it writes itself; use a larger capacity"
+                    f"capacity {self.capacity} < n_envs*n_step = {n_envs * self.n_step}: one "
+                    "step could overwrite rows it writes itself; use a larger capacity"
                 )
             self._allocate_windows(n_envs)
         assert self._win is not None and self._win_len is not None
@@ -121,11 +129,7 @@ class ReplayBuffer:
             raise ValueError(
                 f"add() got {n_envs} envs, the buffer was filled with {self._win_len.shape[0]}"
             )
-        terminated = terminated.to(self.device, torch.bool)
-        if n == 1:  # every step leaves its window at once: store it directly
-            self._add_one_step(obs, action, reward, next_obs, terminated)
-        else:
-            self._add_windows(obs, action, reward, next_obs, terminated, truncated)
+        return self._win, self._win_len
 
     def _add_windows(
         self,
@@ -137,22 +141,22 @@ class ReplayBuffer:
         truncated: Tensor,
     ) -> None:
         """The n-step path of :meth:`add` (valid for every ``n``; ``n = 1`` takes a shortcut)."""
-        assert self._win is not None and self._win_len is not None
+        windows, length = self._windows(obs.shape[0])
         n_envs, n = obs.shape[0], self.n_step
         done = terminated | truncated.to(self.device, torch.bool)
 
         # 1. Push this step into each env's window, dropping the slot released last step.
         new = {"obs": obs, "action": action, "reward": reward}
         for key, value in new.items():
-            win = self._win[key]
+            win = windows[key]
             win.copy_(torch.roll(win, shifts=-1, dims=1))
             win[:, -1] = value.to(win.dtype)
-        self._win_len.add_(1).clamp_max_(n)
+        length.add_(1).clamp_max_(n)
 
         # 2. Return and discount of every pending transition if it left now.
         pos = torch.arange(n, device=self.device)
-        valid = pos >= n - self._win_len.unsqueeze(1)  # [E, n]
-        rewards = torch.where(valid, self._win["reward"], 0.0)
+        valid = pos >= n - length.unsqueeze(1)  # [E, n]
+        rewards = torch.where(valid, windows["reward"], 0.0)
         returns = n_step_returns(rewards, self.gamma)  # [E, n]
         discount = n_step_discounts(n - pos, terminated.unsqueeze(1), self.gamma)  # [E, n]
 
@@ -160,16 +164,16 @@ class ReplayBuffer:
         emit = valid & (done.unsqueeze(1) | (pos == 0))
         self._write(
             emit.reshape(-1),
-            obs=self._win["obs"].reshape(n_envs * n, -1),
-            action=self._win["action"].reshape(n_envs * n, -1),
+            obs=windows["obs"].reshape(n_envs * n, -1),
+            action=windows["action"].reshape(n_envs * n, -1),
             reward=returns.reshape(-1),
             next_obs=next_obs.unsqueeze(1).expand(n_envs, n, -1).reshape(n_envs * n, -1),
             discount=discount.reshape(-1),
         )
 
         # 4. An episode end empties the window; a full window has released its oldest slot.
-        full = self._win_len == n
-        self._win_len.copy_(torch.where(done, 0, torch.where(full, n - 1, self._win_len)))
+        full = length == n
+        length.copy_(torch.where(done, 0, torch.where(full, n - 1, length)))
 
     def _add_one_step(
         self, obs: Tensor, action: Tensor, reward: Tensor, next_obs: Tensor, terminated: Tensor
@@ -179,6 +183,7 @@ class ReplayBuffer:
         ``discount = γ·[not terminated]``; the windows stay empty). Fewer operations matter on a
         CPU, where each costs microseconds of host time per env step."""
         n_envs = obs.shape[0]
+        self._windows(n_envs)
         dest = (self._ptr + self._env_index[:n_envs]).remainder_(self.capacity)
         self.obs.index_copy_(0, dest, obs.to(self.obs.dtype))
         self.action.index_copy_(0, dest, action.to(torch.int64))

@@ -1,0 +1,71 @@
+"""save_record: a benchmark's record goes into its results file by name, keeping the others, and
+a results file that is not a JSON object of records is named in the error and left untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from trimtab.benchmarking import provenance, record_key, save_record
+
+
+def test_new_key_is_added_beside_the_records_there(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "bench.json"  # the folder is created
+    assert save_record(out, "a", {"x": 1}) == "a"
+    assert save_record(out, "b", {"x": 2}) == "b"
+    assert json.loads(out.read_text()) == {"a": {"x": 1}, "b": {"x": 2}}
+    # the bytes the benchmarks wrote before save_record: indent 1 and a final newline
+    assert out.read_text() == json.dumps({"a": {"x": 1}, "b": {"x": 2}}, indent=1) + "\n"
+    assert [p.name for p in out.parent.iterdir()] == ["bench.json"]  # no temporary left
+
+
+def test_same_key_is_replaced_in_place(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    for key, x in (("a", 1), ("b", 2), ("c", 3), ("a", 4)):
+        save_record(out, key, {"x": x}, indent=2)
+    data = json.loads(out.read_text())
+    assert list(data) == ["a", "b", "c"] and data["a"] == {"x": 4}  # its place, the new record
+    assert out.read_text() == json.dumps(data, indent=2) + "\n"
+
+
+def test_default_key_is_date_and_commit() -> None:
+    record = {"date": "2026-12-01T20:00:00+00:00", "commit": "f4d43d8abcdef"}
+    assert record_key(record) == "run_2026-12-01_f4d43d8"
+
+
+def test_default_key_from_provenance(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    record = {**provenance(), "rows": [1, 2]}
+    key = save_record(out, None, record)
+    assert key == record_key(record) and json.loads(out.read_text()) == {key: record}
+    assert save_record(out, "", record) == key  # --key "" is no name, as before
+
+
+def test_file_mode_is_kept(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    out.write_text("{}\n")
+    os.chmod(out, 0o640)
+    save_record(out, "a", {"x": 1})
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ('{"a": {"x": 1}', "is not valid JSON"),  # cut short
+        ("\xff\xfe not text", "is not valid JSON"),
+        ('[{"x": 1}]', "holds a JSON list, not an object"),
+    ],
+)
+def test_bad_file_is_named_and_left_as_it_was(tmp_path: Path, text: str, pattern: str) -> None:
+    out = tmp_path / "bench.json"
+    out.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=pattern) as err:
+        save_record(out, "a", {"x": 1})
+    assert str(out) in str(err.value) and "left as it is" in str(err.value)
+    assert out.read_bytes() == text.encode("latin-1")
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
