@@ -4,9 +4,7 @@ of partial results from separate calls."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,16 +12,8 @@ import pytest
 BENCH = Path(__file__).parents[1] / "benchmarks" / "scale.py"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("scale", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["scale"] = bench  # its dataclass looks its module up there
-    spec.loader.exec_module(bench)
-    return bench
-
-
-def test_scale_quick_two_calls_merge(tmp_path):
-    bench = _bench()
+def test_scale_quick_two_calls_merge(tmp_path, load_bench):
+    bench = load_bench("scale")
     runs = tmp_path / "runs"
     common = ["--quick", "--scales", "1000", "--runs", str(runs), "--engine", "inline"]
     a = bench.main(
@@ -66,8 +56,8 @@ def test_scale_quick_two_calls_merge(tmp_path):
                     "--variant", "h3", "--out", str(out)])  # fmt: skip
 
 
-def test_merge_keeps_a_result_over_a_later_unfinished_record():
-    bench = _bench()
+def test_merge_keeps_a_result_over_a_later_unfinished_record(load_bench):
+    bench = load_bench("scale")
     done = {"env": "cartpole", "arm": "off", "scale": 1.0, "seed": 1, "steps": "s",
             "status": "done", "value": 500.0}  # fmt: skip
     late = {**done, "status": "incomplete", "value": None}
@@ -79,10 +69,10 @@ def test_merge_keeps_a_result_over_a_later_unfinished_record():
     assert c["n"] == 3 and c["mean"] == 490.0 and abs(c["se"] - 10 / 3**0.5) < 1e-9
 
 
-def test_tuned_at_x1_is_fixed_at_x1_run_once():
+def test_tuned_at_x1_is_fixed_at_x1_run_once(load_bench):
     """±V x 1 is the base support: the grid runs that trial once, as ``fixed``, and the table
     shows it under ``tuned`` too, marked as the same run."""
-    bench = _bench()
+    bench = load_bench("scale")
     args = bench.parse(["--envs", "cartpole", "--quick", "--runs", "/tmp/unused",
                              "--scales", "1", "30", "--seeds", "1"])  # fmt: skip
     trials = bench.build_trials(args)
