@@ -43,13 +43,13 @@ from typing import Any
 
 from trimtab.benchmarking import provenance
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_report import ARMS, merge_records, write
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale.json"
 SCALES = (0.001, 0.03, 1.0, 30.0, 1000.0)
-ARMS = ("adaptive", "fixed", "off", "tuned")
 ENVS = ("cartpole", "market")
-#: what each env reports, in the env's own (unscaled) units
-METRIC = {"cartpole": "greedy return", "market": "out-of-sample Sharpe (mean over folds)"}
 #: a power of two: x1 and x1024 with a support scaled alike are the same run, bit for bit
 UNITS_SCALE = 1024.0
 
@@ -367,137 +367,6 @@ def check_units(env: str, args: argparse.Namespace) -> dict[str, Any]:
             }
     same = values["x1"] == values[f"x{UNITS_SCALE:g}"]
     return {"env": env, "values": values, "equal": same}
-
-
-# --- tables, plots, merging -------------------------------------------------------------------
-def merge_records(*lists: list[dict]) -> list[dict]:
-    """Records by (env, arm, scale, seed, steps); a later list replaces an earlier record unless
-    it holds no result for it (not started / incomplete) and the earlier one does."""
-    out: dict[tuple, dict] = {}
-    for recs in lists:
-        for r in recs:
-            k = (r["env"], r["arm"], float(r["scale"]), r["seed"], r["steps"])
-            old = out.get(k)
-            if old is not None and old.get("value") is not None and r.get("value") is None:
-                continue
-            out[k] = r
-    return sorted(out.values(), key=lambda r: (r["env"], r["steps"], _arm_order(r["arm"]),
-                                                float(r["scale"]), r["seed"]))  # fmt: skip
-
-
-def _arm_order(label: str) -> tuple[int, str]:
-    """The arms in ARMS order, each variant (``ARM (VARIANT)``) after its plain arm."""
-    arm = label.split(" (")[0]
-    return (ARMS.index(arm) if arm in ARMS else len(ARMS), label)
-
-
-def _mean_se(v: list[float]) -> tuple[float | None, float | None]:
-    n = len(v)
-    if n == 0:
-        return None, None
-    m = math.fsum(v) / n
-    if n == 1:
-        return m, None
-    return m, math.sqrt(math.fsum((x - m) ** 2 for x in v) / (n - 1) / n)
-
-
-def aggregate(records: list[dict]) -> list[dict]:
-    cells: dict[tuple, dict] = {}
-    for r in records:
-        k = (r["env"], r["steps"], r["arm"], float(r["scale"]))
-        c = cells.setdefault(k, {"env": k[0], "steps": k[1], "arm": k[2], "scale": k[3],
-                                 "seeds": {}, "status": {}})  # fmt: skip
-        c["status"][r["status"]] = c["status"].get(r["status"], 0) + 1
-        if r.get("value") is not None:
-            c["seeds"][str(r["seed"])] = r["value"]
-    for (env, steps, arm, scale), c in list(cells.items()):
-        tuned = arm.replace("fixed", "tuned", 1)
-        if (
-            arm.split(" (")[0] == "fixed"
-            and scale == 1.0
-            and any(k[:3] == (env, steps, tuned) for k in cells)
-        ):  # tuned at x1 is fixed at x1: the same config, run once
-            cells.setdefault((env, steps, tuned, scale), {**c, "arm": tuned, "same_as": arm})
-    for c in cells.values():
-        c["mean"], c["se"] = _mean_se(list(c["seeds"].values()))
-        c["n"] = len(c["seeds"])
-    return list(cells.values())
-
-
-def _fmt(c: dict | None) -> str:
-    if c is None or c["mean"] is None:
-        return "-"
-    prec, sign = (2, "+") if c["env"] == "market" else (1, "")  # a Sharpe shows its sign
-    se = "" if c["se"] is None else f" ± {c['se']:.{prec}f}"
-    same = f", = {c['same_as']}" if c.get("same_as") else ""
-    return f"{c['mean']:{sign}.{prec}f}{se} ({c['n']}{same})"
-
-
-def markdown(cells: list[dict]) -> str:
-    lines = []
-    for env, steps in sorted({(c["env"], c["steps"]) for c in cells}):
-        mine = [c for c in cells if c["env"] == env and c["steps"] == steps]
-        scales = sorted({c["scale"] for c in mine})
-        arms = sorted({c["arm"] for c in mine}, key=_arm_order)
-        lines += [f"**{env}**, {steps}: {METRIC[env]}, mean ± s.e. over seeds (n seeds)", "",
-                  "| arm | " + " | ".join(f"×{s:g}" for s in scales) + " |",
-                  "|---|" + "---:|" * len(scales)]  # fmt: skip
-        for a in arms:
-            row = {c["scale"]: c for c in mine if c["arm"] == a}
-            lines.append(f"| {a} | " + " | ".join(_fmt(row.get(s)) for s in scales) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def plot(cells: list[dict], path_for: Any) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    written = []
-    for env, steps in sorted({(c["env"], c["steps"]) for c in cells}):
-        mine = [c for c in cells if c["env"] == env and c["steps"] == steps and c["n"]]
-        if not mine:
-            continue
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        arms = sorted({c["arm"] for c in mine}, key=_arm_order)
-        for i, a in enumerate(arms):
-            row = sorted((c for c in mine if c["arm"] == a), key=lambda c: c["scale"])
-            shift = 1.0 + 0.06 * (i - (len(arms) - 1) / 2)  # side by side on the log axis
-            xs = [c["scale"] * shift for c in row]
-            line = ax.errorbar(xs, [c["mean"] for c in row], yerr=[c["se"] or 0.0 for c in row],
-                               marker="o", capsize=3, label=a)  # fmt: skip
-            for x, c in zip(xs, row):
-                seeds = list(c["seeds"].values())
-                ax.scatter([x] * len(seeds), seeds, s=9, alpha=0.45, color=line[0].get_color())
-        ax.set_xscale("log")
-        scales = [c["scale"] for c in mine]
-        ax.set_xlim(min(scales) / 3, max(scales) * 3)  # a decade at least: arms side by side
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel("training reward scale")
-        ax.set_ylabel(METRIC[env])
-        ax.set_title(f"{env}, {steps}: mean ± s.e. over seeds (dots: seeds)", fontsize=9)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = path_for(env)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
-    return written
-
-
-def write(out: Path, records: list[dict], extra: dict[str, Any]) -> dict[str, Any]:
-    cells = aggregate(records)
-    table = markdown(cells)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plots = plot(cells, lambda env: out.with_name(f"{out.stem}_{env}.png"))
-    doc = {**extra, "records": records, "cells": cells, "table": table, "plots": plots}
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    out.with_suffix(".md").write_text(table)
-    return doc
 
 
 # --- main -------------------------------------------------------------------------------------

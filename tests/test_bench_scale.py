@@ -57,7 +57,7 @@ def test_scale_quick_two_calls_merge(tmp_path, load_bench):
 
 
 def test_merge_keeps_a_result_over_a_later_unfinished_record(load_bench):
-    bench = load_bench("scale")
+    bench = load_bench("scale_report")
     done = {"env": "cartpole", "arm": "off", "scale": 1.0, "seed": 1, "steps": "s",
             "status": "done", "value": 500.0}  # fmt: skip
     late = {**done, "status": "incomplete", "value": None}
@@ -82,6 +82,7 @@ def test_tuned_at_x1_is_fixed_at_x1_run_once(load_bench):
     recs = [{"env": "cartpole", "steps": "s", "arm": a, "scale": sc, "seed": 1,
              "status": "done", "value": v}
             for a, sc, v in (("fixed", 1.0, 480.0), ("tuned", 30.0, 300.0))]  # fmt: skip
-    cells = {(c["arm"], c["scale"]): c for c in bench.aggregate(recs)}
+    report = load_bench("scale_report")
+    cells = {(c["arm"], c["scale"]): c for c in report.aggregate(recs)}
     assert cells[("tuned", 1.0)]["mean"] == 480.0 and cells[("tuned", 1.0)]["same_as"] == "fixed"
-    assert "480.0 (1, = fixed)" in bench.markdown(list(cells.values()))
+    assert "480.0 (1, = fixed)" in report.markdown(list(cells.values()))
