@@ -44,7 +44,7 @@ from typing import Any
 from trimtab.benchmarking import provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_report import ARMS, merge_records, write
+from scale_report import ARMS, fill_from_runs, market_fields, merge_records, write
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale.json"
@@ -170,13 +170,8 @@ def record(t: Trial, status: str, summary: dict | None, seconds: float, error: s
     if t.env == "cartpole" and summary.get("eval"):
         rec["value"] = float(summary["eval"]["mean_return"])
         rec["train_return_last100"] = summary.get("train_return_last100")
-    folds = [f for f in summary.get("folds") or [] if "sharpe" in f]
-    if t.env == "market" and folds:
-        sharpes = [f["sharpe"] for f in folds]
-        rec["fold_sharpe"] = sharpes
-        rec["fold_return"] = [f.get("total_return") for f in folds]
-        finite = [s for s in sharpes if s is not None and math.isfinite(s)]
-        rec["value"] = math.fsum(finite) / len(finite) if finite else None
+    if t.env == "market":
+        rec.update(market_fields(summary))
     if "value" not in rec and status == "done":
         rec["status"] = "failed"
         rec["error"] = "the run finished without the metric (no eval / no fold Sharpe)"
@@ -434,6 +429,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for part in parts:
             units.update(part.get("units_check", {}))
         records = merge_records(old.get("records", []), *[p["records"] for p in parts])
+        fill_from_runs(records)
         doc = write(args.out, records, {"command": " ".join(sys.argv), "units_check": units})
         print(doc["table"])
         return doc

@@ -14,6 +14,35 @@ ARMS = ("adaptive", "fixed", "off", "tuned")
 METRIC = {"cartpole": "greedy return", "market": "out-of-sample Sharpe (mean over folds)"}
 
 
+def _mean(xs: list) -> float | None:
+    finite = [x for x in xs if x is not None and math.isfinite(x)]
+    return math.fsum(finite) / len(finite) if finite else None
+
+
+def market_fields(summary: dict) -> dict[str, Any]:
+    """A market run's record fields from its ``summary.json``: the fold Sharpes and returns,
+    their mean (the metric), and buy & hold's Sharpe over the same test windows."""
+    folds = [f for f in summary.get("folds") or [] if "sharpe" in f]
+    if not folds:
+        return {}
+    return {"fold_sharpe": [f["sharpe"] for f in folds],
+            "fold_return": [f.get("total_return") for f in folds],
+            "value": _mean([f["sharpe"] for f in folds]),
+            "fold_buy_hold": [f.get("buy_hold_sharpe") for f in folds],
+            "buy_hold": _mean([f.get("buy_hold_sharpe") for f in folds])}  # fmt: skip
+
+
+def fill_from_runs(records: list[dict]) -> None:
+    """Add buy & hold to market records written before it was recorded, from their run
+    directories' ``summary.json`` where it is readable from here (paths as recorded)."""
+    for r in records:
+        path = Path(r["run_dir"]) / "summary.json"
+        if r["env"] == "market" and "buy_hold" not in r and path.is_file():
+            fields = market_fields(json.loads(path.read_text()))
+            if fields.get("fold_sharpe") == r.get("fold_sharpe"):  # the very run
+                r.update(fold_buy_hold=fields["fold_buy_hold"], buy_hold=fields["buy_hold"])
+
+
 def merge_records(*lists: list[dict]) -> list[dict]:
     """Records by (env, arm, scale, seed, steps); a later list replaces an earlier record unless
     it holds no result for it (not started / incomplete) and the earlier one does."""
@@ -62,9 +91,18 @@ def aggregate(records: list[dict]) -> list[dict]:
             and any(k[:3] == (env, steps, tuned) for k in cells)
         ):  # tuned at x1 is fixed at x1: the same config, run once
             cells.setdefault((env, steps, tuned, scale), {**c, "arm": tuned, "same_as": arm})
+    hold: dict[tuple, dict] = {}  # (env, steps, scale) -> seed -> buy & hold (a whole run's)
+    for r in records:
+        if r.get("buy_hold") is not None and r["status"] == "done":
+            k = (r["env"], r["steps"], float(r["scale"]))
+            hold.setdefault(k, {}).setdefault(str(r["seed"]), r["buy_hold"])
     for c in cells.values():
         c["mean"], c["se"] = _mean_se(list(c["seeds"].values()))
         c["n"] = len(c["seeds"])
+        seeds = hold.get((c["env"], c["steps"], c["scale"]))
+        if seeds:
+            mean, se = _mean_se(list(seeds.values()))
+            c["buy_hold"] = {"env": c["env"], "mean": mean, "se": se, "n": len(seeds)}
     return list(cells.values())
 
 
@@ -89,6 +127,9 @@ def markdown(cells: list[dict]) -> str:
         for a in arms:
             row = {c["scale"]: c for c in mine if c["arm"] == a}
             lines.append(f"| {a} | " + " | ".join(_fmt(row.get(s)) for s in scales) + " |")
+        hold = {s: c["buy_hold"] for c in mine for s in [c["scale"]] if c.get("buy_hold")}
+        if hold:  # the same test windows per seed: what holding the asset scored there
+            lines.append("| buy & hold | " + " | ".join(_fmt(hold.get(s)) for s in scales) + " |")
         lines.append("")
     return "\n".join(lines)
 

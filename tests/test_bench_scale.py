@@ -86,3 +86,16 @@ def test_tuned_at_x1_is_fixed_at_x1_run_once(load_bench):
     cells = {(c["arm"], c["scale"]): c for c in report.aggregate(recs)}
     assert cells[("tuned", 1.0)]["mean"] == 480.0 and cells[("tuned", 1.0)]["same_as"] == "fixed"
     assert "480.0 (1, = fixed)" in report.markdown(list(cells.values()))
+
+
+def test_market_records_carry_buy_and_hold_and_the_table_shows_it(load_bench):
+    report = load_bench("scale_report")
+    folds = [{"sharpe": s, "total_return": 0.0, "buy_hold_sharpe": b}
+             for s, b in ((0.5, 0.2), (-0.1, 0.4), (float("nan"), 0.6))]  # fmt: skip
+    fields = report.market_fields({"folds": folds})
+    assert fields["value"] == 0.2 and abs(fields["buy_hold"] - 0.4) < 1e-12
+    recs = [{"env": "market", "steps": "s", "arm": a, "scale": 1.0, "seed": seed,
+             "status": "done", **fields, "buy_hold": 0.4 + seed}
+            for a in ("adaptive", "off") for seed in (1, 2)]  # fmt: skip
+    table = report.markdown(report.aggregate(recs))
+    assert "| buy & hold | +1.90 ± 0.50 (2) |" in table
