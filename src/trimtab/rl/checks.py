@@ -74,6 +74,22 @@ def watch_slots() -> list[Slot]:
     ]
 
 
+class _Moment:
+    """An Adam moment of ``p`` as the sentinel checks it: ``m``, or ``sqrt(v)`` (in the units
+    of the gradient, so both moments share the gradients' threshold); None before the first
+    step. :meth:`buffer` is the moment itself, where the fault-injection hook writes."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, p: Tensor, key: str, root: bool):
+        self.optimizer, self.p, self.key, self.root = optimizer, p, key, root
+
+    def buffer(self) -> Tensor | None:
+        return self.optimizer.state.get(self.p, {}).get(self.key)
+
+    def __call__(self) -> Tensor | None:
+        t = self.buffer()
+        return t.sqrt() if self.root and t is not None else t
+
+
 def finite_abs_max(tensors: list[Tensor]) -> Tensor:
     """max |x| over the finite elements of each tensor (one or more), float32 ``[len]``; 0 for
     a tensor with none: :func:`trimtab.abs_quantiles` at ``q = 1`` exactly (the order
@@ -193,18 +209,15 @@ class Checks:
             g = 0 if p.ndim >= 2 else 1  # the optimizer group, and so the slot element
             s.add(f"weight.{name}", p, above("adam_weight_bound", g), phase="optimizer")
             # Adam's moments average the clipped gradients: |m| <= max |g| <= the clip bound
-            # (an element is at most its tensor's norm), v <= its square. So m's excursion is
-            # the gradients' (the same threshold), and v's follows from it (non-finite only).
-            # Not a multiple of the moments' own p99: when the gradient is sparse (C51 at a
-            # reward scale of 1e-3 puts it on a few atoms' rows) max |m| exceeds 1e3 x the
-            # group's p99 in health (a false alarm on 5 of 6 market runs at x0.001).
-            moments = (
-                ("adam_m", "exp_avg", above("grad_clip_bound")),
-                ("adam_v", "exp_avg_sq", Rule.nonfinite()),
-            )
-            for moment, key, rule in moments:  # fmt: skip
-                src = lambda p=p, k=key: optimizer.state.get(p, {}).get(k)  # noqa: E731
-                s.add(f"{moment}.{name}", src, rule, phase="optimizer")
+            # (an element is at most its tensor's norm) and sqrt(v) <= max |g| too, so both
+            # excursions are the gradients' (the same threshold; the adam_v slot checks
+            # sqrt(v): a NaN, a negative v or an Inf fires as non-finite). Not a multiple of
+            # the moments' own p99: when the gradient is sparse (IQN's gradients ~1e-3 of
+            # C51's at a reward scale of 1e-3) max |m| exceeds 1e3 x the group's p99 in health
+            # (a false alarm on 5 of 6 market runs at x0.001).
+            for moment, key, root in (("adam_m", "exp_avg", False), ("adam_v", "exp_avg_sq", True)):
+                src = _Moment(optimizer, p, key, root)
+                s.add(f"{moment}.{name}", src, above("grad_clip_bound"), phase="optimizer")
 
     # --- the runner's and the learn step's calls ----------------------------------------------
     def env(self, obs: Tensor, reward: Tensor, final_obs: Tensor, policy: NonFinitePolicy) -> None:
@@ -259,7 +272,8 @@ class Checks:
         if self.fault is not None:
             slot = self.sentinel._slots.get(self.fault[0])
             if slot is not None and slot.phase == phase and slot.source is not None:
-                t = slot.source if isinstance(slot.source, Tensor) else slot.source()
+                src = slot.source
+                t = src if isinstance(src, Tensor) else getattr(src, "buffer", src)()
                 self.inject(self.fault[0], t, phase)
         self.sentinel.check(phase)
         self._checks[phase] = self._checks.get(phase, 0) + 1
