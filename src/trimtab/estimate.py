@@ -223,24 +223,36 @@ class AdaptiveEMA:
 
     def reset(self) -> None:
         """Back to unset: estimate NaN, statistics and counts cleared (a fold boundary)."""
-        kw = {"dtype": self.dtype, "device": self.device}
-        t = {name: torch.full((self.num_slots,), math.nan, **kw) for name in _SLOT_STATE}
+        if not self._t:
+            self._pack(self.device)
+        t = self._t  # in place, so views handed out earlier (and CUDA graphs) see the reset
+        for name in _SLOT_STATE:
+            t[name].fill_(math.nan)
         t["prev_z"].zero_()
-        t.update({name: torch.zeros((self.num_slots,), **kw) for name in _RUN_STATE})
-        bank = (self.num_slots, self._q_level.numel())
-        t.update({name: torch.zeros(bank, **kw) for name in _BANK_STATE})
-        t["count"] = torch.zeros((self.num_slots,), dtype=torch.int64, device=self.device)
-        t["nonfinite_count"] = torch.zeros_like(t["count"])
-        if self._t:  # in place, so views handed out earlier (and CUDA graphs) see the reset
-            for name, value in t.items():
-                self._t[name].copy_(value)
-        else:
-            self._t = t
+        for name in (*_RUN_STATE, *_BANK_STATE, "count", "nonfinite_count"):
+            t[name].zero_()
+
+    def _pack(self, device: torch.device, old: dict[str, torch.Tensor] | None = None) -> None:
+        """Allocate the state on ``device`` (with ``old``'s values): the per-slot fields, in
+        the order :meth:`_update_reference` writes them, as rows of one tensor, the bank fields
+        as slices of another, so that an update writes each with one select instead of one
+        per field (the same values: a select is exact)."""
+        kw = {"dtype": self.dtype, "device": device}
+        rows = torch.empty((len(_SLOT_STATE) + len(_RUN_STATE), self.num_slots), **kw)
+        bank = torch.empty((len(_BANK_STATE), self.num_slots, self._q_level.numel()), **kw)
+        t = dict(zip(_SLOT_STATE + _RUN_STATE, rows.unbind()))
+        t.update(zip(_BANK_STATE, bank.unbind()))
+        counts = torch.zeros((2, self.num_slots), dtype=torch.int64, device=device)
+        t["count"], t["nonfinite_count"] = counts.unbind()
+        if old:
+            for name, value in old.items():
+                t[name].copy_(value)
+        self._rows, self._bank, self._t = rows, bank, t
 
     def to(self, device: torch.device | str) -> AdaptiveEMA:
         """Move every state tensor to ``device``; returns ``self``."""
-        self._t = {k: v.to(device) for k, v in self._t.items()}
         self._q_level, self._q_slope = self._q_level.to(device), self._q_slope.to(device)
+        self._pack(self._q_level.device, self._t)
         self.device = self._t["mean"].device
         return self
 
@@ -470,7 +482,7 @@ class AdaptiveEMA:
         # or heavy tails give) is undone as soon as the restarted candidates err. The first
         # observation restarts every candidate and replaces the estimate. The other scores
         # survive a shift, not a first observation.
-        sc = new_bank["score"]
+        sc = new_bank.pop("score")
         # Leaders by the scores before this observation: those of the regime the run left, and
         # not a tie decided by how this step's errors round.
         lead = shift[:, None] & (score >= score.max(1, keepdim=True).values - LEAD_TOL)
@@ -478,13 +490,14 @@ class AdaptiveEMA:
         anew = (shift | first)[:, None] & ~lead
         start = torch.where(first, y, run_sum / run_n.clamp(min=1.0))[:, None]
         zero = torch.zeros_like(pred)
+        # the bank's fields but the score, in _BANK_STATE's order, each with its restart value
         starts = {"level": start, "slope": zero, "p_ll": restart, "p_ls": zero, "p_ss": zero}
-        for name, value in starts.items():
-            new_bank[name] = torch.where(anew, value, new_bank[name])
-        new_bank["score"] = torch.where(lead, sc.min(1, keepdim=True).values, sc)
-        new_bank["score"] = torch.where(first[:, None], zero, new_bank["score"])
-        for name, value in new_bank.items():
-            s[name].copy_(torch.where(take[:, None], value, s[name]))
+        restarted = torch.stack([v.expand_as(pred) for v in starts.values()])
+        bank = torch.where(anew, restarted, torch.stack([new_bank[n] for n in starts]))
+        sc = torch.where(lead, sc.min(1, keepdim=True).values, sc)
+        sc = torch.where(first[:, None], zero, sc)
+        bank = torch.cat([bank, sc[None]])  # the whole bank, one row per field
+        self._bank.copy_(torch.where(take[:, None], bank, self._bank))
 
         # Weighted about the first candidate, so candidates that agree (after a first observation
         # or a shift) give their common value exactly, not to within the rounding of Σ w = 1.
@@ -503,7 +516,8 @@ class AdaptiveEMA:
             "run_d2": torch.where(done, 0.0, run_d2),
             "quiet": torch.where(done, float(QUIET_STEPS), quiet),
         }
-        for name, value in new.items():
-            s[name].copy_(torch.where(take, value, s[name]))
+        # the per-slot fields, in the rows' order (_SLOT_STATE, _RUN_STATE)
+        rows = torch.stack([new[n] for n in _SLOT_STATE + _RUN_STATE])
+        self._rows.copy_(torch.where(take, rows, self._rows))
         s["count"].copy_(count)
         return s["mean"]
