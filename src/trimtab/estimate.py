@@ -6,12 +6,12 @@ Smooth on a stationary signal, track after a level shift, ignore outliers; batch
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import torch
 
 from trimtab._impl import resolve_impl
+from trimtab._script import compiles, scripted
 from trimtab.kernels.ema_layout import (
     AGREE_FRACTION,
     EMA_BANK,
@@ -161,8 +161,8 @@ class AdaptiveEMA:
         dtype: float32 (default) or float64 for the state and the returned estimate.
     """
 
-    #: On the CPU, run the torch fold as compiled by TorchScript (:func:`_compiled_fold`; the
-    #: same values), or False: eagerly, op by op.
+    #: On the CPU, run the torch fold as compiled by TorchScript (the same values), or False:
+    #: eagerly, op by op.
     compiled: bool = True
 
     def __init__(
@@ -382,13 +382,12 @@ class AdaptiveEMA:
         """:meth:`update` in torch, on validated arguments (the kernel's oracle); ``log``: of
         :meth:`update_log` (on the log scale a level's noise does not grow with it, so a run
         agrees by R's measure only, and only exceedances of opposite signs are a noise rise).
-        The arithmetic is :func:`_fold_reference`'s, run as compiled by TorchScript where
-        available (:func:`_compiled_fold`): the same aten ops on the same tensors, so the same
+        The arithmetic is :func:`_fold_reference`'s, on the CPU run as compiled by TorchScript
+        (:func:`trimtab._script.scripted`): the same aten ops on the same tensors, so the same
         values, at a third of the eager interpreter's cost per op."""
-        # CPU only: there TorchScript fuses nothing (unless a user turns its CPU fuser on);
-        # on CUDA it would fuse, and the eager reference is the kernel's oracle there.
-        cpu = self.device.type == "cpu" and not torch._C._jit_can_fuse_on_cpu()
-        fold = _compiled_fold() if self.compiled and cpu else _fold_reference
+        fold = _fold_reference
+        if self.compiled and compiles(self.device):
+            fold = scripted(_fold_reference)
         return fold(
             self._t, self._rows, self._bank, self._q_level, self._q_slope, obs, mask, log
         )  # fmt: skip
@@ -561,22 +560,3 @@ def _fold_reference(
     s["count"].copy_(count)
     return s["mean"]
 
-
-_compiled: list[Callable[..., torch.Tensor]] = []
-
-
-def _compiled_fold() -> Callable[..., torch.Tensor]:
-    """:func:`_fold_reference` compiled by TorchScript (once per process), or the function
-    itself where this torch has no ``torch.jit.script``. The fold is about 250 aten ops on
-    tensors of a few dozen elements, so its cost is the interpreter's per op, not arithmetic:
-    TorchScript calls the same aten kernels on the same tensors (on the CPU it fuses nothing),
-    so the values are the eager ones, bitwise (``tests/test_estimate.py`` compares the two)."""
-    if not _compiled:
-        script = getattr(torch.jit, "script", None)
-        if script is None:
-            _compiled.append(_fold_reference)
-        else:
-            with warnings.catch_warnings():  # deprecated in favour of torch.compile, which
-                warnings.simplefilter("ignore", DeprecationWarning)  # generates new kernels
-                _compiled.append(script(_fold_reference))
-    return _compiled[0]
