@@ -24,7 +24,9 @@ def compiles(device: torch.device) -> bool:
 
 
 def scripted(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled by TorchScript, once per process; ``fn`` itself where this torch has no
+    """``fn`` compiled by TorchScript, once per process, and run by its plain interpreter
+    (``torch.jit.optimized_execution(False)``: no profiling runs, no re-specialisation per
+    input shape, no graph optimisation); ``fn`` itself where this torch has no
     ``torch.jit.script``. A scripted function reads no global number: pass them as arguments
     (defaults)."""
     got = _scripted.get(fn)
@@ -35,6 +37,11 @@ def scripted(fn: Callable[..., Any]) -> Callable[..., Any]:
         else:
             with warnings.catch_warnings():  # deprecated in favour of torch.compile, which
                 warnings.simplefilter("ignore", DeprecationWarning)  # generates new kernels
-                got = script(fn)
+                compiled = script(fn)
+
+            def got(*args: Any) -> Any:
+                with torch.jit.optimized_execution(False):
+                    return compiled(*args)
+
         _scripted[fn] = got
     return got
