@@ -1,4 +1,4 @@
-"""count_nonzero_: the same integers as torch.count_nonzero on every float dtype and awkward value."""
+"""count_nonzero_: torch.count_nonzero's integers on every float dtype and awkward value."""
 
 from __future__ import annotations
 

@@ -466,15 +466,17 @@ def test_compiled_fold_is_the_eager_fold_bitwise(dtype, log, num_slots):
     for t in range(300):
         if t % 71 == 0:
             level = level * torch.exp(2.0 * torch.randn(num_slots, generator=g, dtype=level.dtype))
-        y = (level * torch.exp(0.3 * torch.randn(num_slots, generator=g, dtype=level.dtype)))
+        y = level * torch.exp(0.3 * torch.randn(num_slots, generator=g, dtype=level.dtype))
         y = y.to(dtype)
         y[torch.rand(num_slots, generator=g) < 0.05] = math.nan
         y[torch.rand(num_slots, generator=g) < 0.03] = 0.0
         mask = torch.rand(num_slots, generator=g) < 0.8 if t % 3 == 0 else None
         if t == 150:
             a.reset(), b.reset()
-        fold = (lambda e: e.update_log(y, mask)) if log else (lambda e: e.update(y, mask))
-        ra, rb = fold(a), fold(b)
+        if log:
+            ra, rb = a.update_log(y, mask), b.update_log(y, mask)
+        else:
+            ra, rb = a.update(y, mask), b.update(y, mask)
         assert torch.equal(ra.view(torch.uint8), rb.view(torch.uint8))
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)), k

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -267,7 +267,7 @@ class EngagementCorrection:
 
 
 def _observe_reference(
-    s: Dict[str, torch.Tensor],
+    s: dict[str, torch.Tensor],
     rows: torch.Tensor,
     bank: torch.Tensor,
     q_level: torch.Tensor,
@@ -280,7 +280,7 @@ def _observe_reference(
     k: torch.Tensor,
     n: torch.Tensor,
     top: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     p: float,
     z_threshold: float,
 ) -> None:

@@ -6,7 +6,6 @@ Smooth on a stationary signal, track after a level shift, ignore outliers; batch
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
 
 import torch
 
@@ -394,13 +393,13 @@ class AdaptiveEMA:
 
 
 def _fold_reference(
-    s: Dict[str, torch.Tensor],
+    s: dict[str, torch.Tensor],
     rows_state: torch.Tensor,
     bank_state: torch.Tensor,
     q_level: torch.Tensor,
     q_slope: torch.Tensor,
     obs: torch.Tensor,
-    mask: Optional[torch.Tensor],
+    mask: torch.Tensor | None,
     log: bool,
     # the module's constants as defaults: TorchScript reads no global number
     noise_rate: float = NOISE_RATE,
@@ -527,9 +526,7 @@ def _fold_reference(
     zero = torch.zeros_like(pred)
     # the bank's fields but the score, in _BANK_STATE's order, and the values they restart at
     updated = torch.stack([level_new, slope_new, k_l, k_s, p_ss_new])
-    restarted = torch.stack(
-        [start.expand_as(pred), zero, restart.expand_as(pred), zero, zero]
-    )
+    restarted = torch.stack([start.expand_as(pred), zero, restart.expand_as(pred), zero, zero])
     bank = torch.where(anew, restarted, updated)
     sc = torch.where(lead, sc.min(1, keepdim=True)[0], sc)
     sc = torch.where(first[:, None], zero, sc)
@@ -559,4 +556,3 @@ def _fold_reference(
     rows_state.copy_(torch.where(take, rows, rows_state))
     s["count"].copy_(count)
     return s["mean"]
-
