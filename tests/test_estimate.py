@@ -451,3 +451,32 @@ def test_a_noise_free_closed_loop_holds_its_fixed_point():
         bounds.fold()
     late = seen[1000:]
     assert min(late) > 90.0 and max(late) < 102.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("num_slots", [1, 3, 17])
+def test_compiled_fold_is_the_eager_fold_bitwise(dtype, log, num_slots):
+    """The CPU runs the torch fold compiled by TorchScript: the same aten ops, so every state
+    tensor equals the eager fold's bit for bit, through NaN, zeros, masks, shifts and a reset."""
+    g = torch.Generator().manual_seed(num_slots)
+    a, b = AdaptiveEMA(num_slots, dtype=dtype), AdaptiveEMA(num_slots, dtype=dtype)
+    b.compiled = False
+    level = torch.ones(num_slots, dtype=torch.float64)
+    for t in range(300):
+        if t % 71 == 0:
+            level = level * torch.exp(2.0 * torch.randn(num_slots, generator=g, dtype=level.dtype))
+        y = level * torch.exp(0.3 * torch.randn(num_slots, generator=g, dtype=level.dtype))
+        y = y.to(dtype)
+        y[torch.rand(num_slots, generator=g) < 0.05] = math.nan
+        y[torch.rand(num_slots, generator=g) < 0.03] = 0.0
+        mask = torch.rand(num_slots, generator=g) < 0.8 if t % 3 == 0 else None
+        if t == 150:
+            a.reset(), b.reset()
+        if log:
+            ra, rb = a.update_log(y, mask), b.update_log(y, mask)
+        else:
+            ra, rb = a.update(y, mask), b.update(y, mask)
+        assert torch.equal(ra.view(torch.uint8), rb.view(torch.uint8))
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)), k

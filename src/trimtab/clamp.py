@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from trimtab._count import count_nonzero_
 from trimtab._impl import resolve_impl
 from trimtab.sentinel import Sentinel
 from trimtab.sentinel_state import SUPPORTED_DTYPES, abs_max_reference, record_reference
@@ -104,7 +105,7 @@ def _scale_finite_reference_(
     # round trip through the (widest) common dtype exactly.
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
     if counter is not None:  # x - x is NaN exactly where x is not finite (no bool mask: slow)
-        counter.add_(torch.count_nonzero(flat - flat))
+        counter.add_(count_nonzero_(flat - flat))
     flat.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     parts = flat.split([t.numel() for t in tensors])
     torch._foreach_copy_(
@@ -164,7 +165,7 @@ def _clamp_reference_(x: torch.Tensor, bound: Bound, counter: torch.Tensor | Non
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = x.detach().to(acc)
     if counter is not None and counter.numel() == 2:
-        counter[1:].add_(torch.count_nonzero(y - y))
+        counter[1:].add_(count_nonzero_(y - y))
     s = torch.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
     # NaN (unset): no clamp; a negative tensor bound: 0
     b: Bound = math.inf if isinstance(bound, float) and math.isnan(bound) else bound
@@ -173,7 +174,7 @@ def _clamp_reference_(x: torch.Tensor, bound: Bound, counter: torch.Tensor | Non
         b = b.nan_to_num_(nan=math.inf)
     out = torch.abs(s).clamp_max_(b).copysign_(s)
     if counter is not None:
-        counter[:1].add_(torch.count_nonzero(s - out))
+        counter[:1].add_(count_nonzero_(s - out))
     x.detach().copy_(out)
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from trimtab._impl import resolve_impl
-from trimtab.estimate import AdaptiveEMA, check_mask
+from trimtab._script import compiles, scripted
+from trimtab.estimate import AdaptiveEMA, _fold_reference, check_mask
 from trimtab.kernels.ema_layout import normal_upper_quantile
 from trimtab.lifecycle import register
 
@@ -193,21 +194,15 @@ class EngagementCorrection:
         k = self._as_vector(engaged, torch.float64)
         n = self._as_vector(total, torch.float64)
         top = self._as_vector(observed_max, torch.float32)
-        take = n > 0
-        if mask is not None:
-            take = take & mask
-        p = self.expected_rate
-        # 0/0 -> NaN, which the EMA ignores (consumers that saw nothing keep their estimate).
-        frac = torch.where(take, k / n, torch.full_like(n, math.nan)).float()
-        f = self._fraction._update_reference(frac, take).double()
-        z = (f - p) / torch.sqrt(p * (1.0 - p) / n.clamp(min=1.0))
-        stale = take & (z > self.z_threshold)
-        rate = torch.where(stale, (f - p) / f, torch.zeros_like(f)).float()
-        self._rate.copy_(torch.where(take, rate, self._rate))
-        self._z.copy_(torch.where(take, z.float(), self._z))
-        self._max.copy_(torch.where(take & torch.isfinite(top), top, self._max))
-        self.engaged_total.add_(torch.where(take, k, 0.0).to(torch.int64))
-        self.seen_total.add_(torch.where(take, n, 0.0).to(torch.int64))
+        ema = self._fraction
+        observe = _observe_reference  # on the CPU as compiled (the same ops: trimtab._script)
+        if ema.compiled and compiles(self.device):
+            observe = scripted(_observe_reference)
+        observe(
+            ema._t, ema._rows, ema._bank, ema._q_level, ema._q_slope,
+            self._rate, self._max, self._z, self.engaged_total, self.seen_total,
+            k, n, top, mask, self.expected_rate, self.z_threshold,
+        )  # fmt: skip
         return self._rate
 
     def correct(self, bound: torch.Tensor) -> torch.Tensor:
@@ -269,3 +264,41 @@ class EngagementCorrection:
             f"EngagementCorrection({self.num_consumers}, expected_rate={self.expected_rate}, "
             f"z_threshold={self.z_threshold:.3f}, device={self.device})"
         )
+
+
+def _observe_reference(
+    s: dict[str, torch.Tensor],
+    rows: torch.Tensor,
+    bank: torch.Tensor,
+    q_level: torch.Tensor,
+    q_slope: torch.Tensor,
+    rate_state: torch.Tensor,
+    max_state: torch.Tensor,
+    z_state: torch.Tensor,
+    engaged_total: torch.Tensor,
+    seen_total: torch.Tensor,
+    k: torch.Tensor,
+    n: torch.Tensor,
+    top: torch.Tensor,
+    mask: torch.Tensor | None,
+    p: float,
+    z_threshold: float,
+) -> None:
+    """:meth:`EngagementCorrection.observe` in torch (the kernel's oracle), in place: ``k`` and
+    ``n`` float64, ``top`` float32 ``[num_consumers]``; the smoothed fraction's estimator is
+    given by its state (``s``, ``rows``, ``bank``, its candidates' noise ``q_level``,
+    ``q_slope``: :func:`trimtab.estimate._fold_reference`)."""
+    take = n > 0
+    if mask is not None:
+        take = take & mask
+    # 0/0 -> NaN, which the EMA ignores (consumers that saw nothing keep their estimate).
+    frac = torch.where(take, k / n, torch.full_like(n, math.nan)).float()
+    f = _fold_reference(s, rows, bank, q_level, q_slope, frac, take, False).double()
+    z = (f - p) / torch.sqrt(p * (1.0 - p) / n.clamp(min=1.0))
+    stale = take & (z > z_threshold)
+    rate = torch.where(stale, (f - p) / f, torch.zeros_like(f)).float()
+    rate_state.copy_(torch.where(take, rate, rate_state))
+    z_state.copy_(torch.where(take, z.float(), z_state))
+    max_state.copy_(torch.where(take & torch.isfinite(top), top, max_state))
+    engaged_total.add_(torch.where(take, k, 0.0).to(torch.int64))
+    seen_total.add_(torch.where(take, n, 0.0).to(torch.int64))

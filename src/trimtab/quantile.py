@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from trimtab._count import count_nonzero_
 from trimtab._impl import resolve_impl
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -64,7 +65,7 @@ def abs_quantile_reference(x: torch.Tensor, q: float) -> tuple[torch.Tensor, tor
     a = a.double() if x.dtype == torch.float64 else a.float()
     # |x| - |x| is NaN exactly where x is not finite: a count without a boolean mask (slow on
     # the CPU); then every non-finite |x| (NaN or +Inf) reads +Inf, above every finite one.
-    nonfinite = torch.count_nonzero(a - a)
+    nonfinite = count_nonzero_(a - a)
     n_finite = a.numel() - nonfinite
     if a.numel() == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from trimtab._count import count_nonzero_
 from trimtab.kernels.optim_layout import (
     FINE_KEYS,
     FINE_SHIFT,
@@ -334,17 +335,17 @@ def _count_and_max(
     (finite ``|w| > b``) into ``row``, without a boolean mask."""
     w = L.w
     w32 = w if w.dtype == torch.float32 else w.float()
-    nonfinite = torch.count_nonzero(torch.sub(w32, w32, out=L.u if w32 is w else None))
+    nonfinite = count_nonzero_(torch.sub(w32, w32, out=L.u if w32 is w else None))
     top = torch.nan_to_num(w32, 0.0, 0.0, 0.0, out=L.u if w32 is w else None).abs_().amax()
     out = [torch.zeros_like(nonfinite), float_bits(top).to(nonfinite.dtype), L.n - nonfinite]
     if clamped is not None:
         # w - clamp(w) is nonzero where |w| > b and where w is not finite (NaN - x, ±Inf - x
         # and ±Inf - ±Inf are never 0): less the non-finite ones, the engagements.
-        over = torch.count_nonzero(torch.sub(w, clamped, out=L.u))
+        over = count_nonzero_(torch.sub(w, clamped, out=L.u))
         if w32 is w:
             out[0] = over - nonfinite
         else:  # float64: finite here but not in float32 counts as not finite (unless b = ∞)
-            own = torch.count_nonzero(w - w)
+            own = count_nonzero_(w - w)
             out[0] = over - own - (nonfinite - own) * (b < math.inf)
     row[PART_ENGAGED : PART_FINITE + 1] = torch.stack(out).to(row.dtype)
 
