@@ -14,6 +14,8 @@ gradient steps. Prints a table; ``--out`` adds a JSON record (machine, date, com
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
 import tempfile
 import time
@@ -52,6 +54,21 @@ def _timed(fn: Callable, name: str, acc: Counter, calls: Counter, sync: Callable
     return wrapper
 
 
+def _top(prof: cProfile.Profile, n: int) -> dict[str, list[dict[str, Any]]]:
+    """The ``n`` functions with the most own time, and the ``n`` with the most cumulative."""
+    st = pstats.Stats(prof)
+    rows = [
+        {
+            "function": f"{Path(f).name}:{line}:{name}",
+            "calls": int(nc),
+            "tottime": tt,
+            "cumtime": ct,
+        }
+        for (f, line, name), (_, nc, tt, ct, _) in st.stats.items()
+    ]  # type: ignore[attr-defined]
+    return {key: sorted(rows, key=lambda r: -r[key])[:n] for key in ("tottime", "cumtime")}
+
+
 def _config(args: argparse.Namespace, out: Path) -> Any:
     from trimtab.rl.config import TrainConfig, with_device_defaults
     from trimtab.rl.configio import apply_overrides, from_dict, load_toml
@@ -74,12 +91,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=Path, default=None, help="JSON to add a record to")
     p.add_argument("--key", default=None)
+    p.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the plain run under cProfile and record its top N functions",
+    )
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with tempfile.TemporaryDirectory(prefix="profile-loop-") as tmp:
+        prof = cProfile.Profile() if args.cprofile else None
         t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
         plain = train(_config(args, Path(tmp) / "plain"))
+        if prof is not None:
+            prof.disable()
         plain_wall = time.perf_counter() - t0
         acc: Counter = Counter()
         calls: Counter = Counter()
@@ -111,6 +140,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "timed_train_s": timed["seconds"], "updates": timed["updates"],
               "env_steps": timed["env_steps"], "parts": rows,
               "learn_captures": getattr(graph, "captures", None)}  # fmt: skip
+    if prof is not None:  # the plain run's host time by function (cProfile slows Python calls)
+        record["cprofile"] = _top(prof, args.cprofile)
+        for row in record["cprofile"]["tottime"][:25]:
+            print(
+                f"  {row['tottime']:7.2f} s own {row['cumtime']:7.2f} s cum {row['calls']:8d}  "
+                f"{row['function']}"
+            )
     print(f"plain: wall {plain_wall:.1f} s, train {plain['seconds']:.1f} s; timed: wall "
           f"{timed_wall:.1f} s, {timed['updates']} updates, {timed['env_steps']} env steps; "
           f"learn step captures: {record['learn_captures']}")  # fmt: skip
