@@ -43,6 +43,8 @@ PARTS = {
 
 def _timed(fn: Callable, name: str, acc: Counter, calls: Counter, sync: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return fn(*args, **kwargs)  # recorded into a graph (sample inside the learn step)
         sync()
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
@@ -110,6 +112,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if prof is not None:
             prof.disable()
         plain_wall = time.perf_counter() - t0
+        print(f"plain: wall {plain_wall:.1f} s, train {plain['seconds']:.1f} s", flush=True)
+        top = _top(prof, args.cprofile) if prof is not None else None
+        for row in top["tottime"][:30] if top else []:  # host time by function (cProfile)
+            print(f"  {row['tottime']:7.2f} s own {row['cumtime']:7.2f} s cum "
+                  f"{row['calls']:8d}  {row['function']}", flush=True)  # fmt: skip
         acc: Counter = Counter()
         calls: Counter = Counter()
         captured: dict[str, int] = {}
@@ -140,13 +147,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "timed_train_s": timed["seconds"], "updates": timed["updates"],
               "env_steps": timed["env_steps"], "parts": rows,
               "learn_captures": getattr(graph, "captures", None)}  # fmt: skip
-    if prof is not None:  # the plain run's host time by function (cProfile slows Python calls)
-        record["cprofile"] = _top(prof, args.cprofile)
-        for row in record["cprofile"]["tottime"][:25]:
-            print(
-                f"  {row['tottime']:7.2f} s own {row['cumtime']:7.2f} s cum {row['calls']:8d}  "
-                f"{row['function']}"
-            )
+    if top is not None:
+        record["cprofile"] = top
     print(f"plain: wall {plain_wall:.1f} s, train {plain['seconds']:.1f} s; timed: wall "
           f"{timed_wall:.1f} s, {timed['updates']} updates, {timed['env_steps']} env steps; "
           f"learn step captures: {record['learn_captures']}")  # fmt: skip
