@@ -196,3 +196,32 @@ def test_a_cuda_device_scales_the_unset_env_count_and_batch_size():
     assert "n_envs" not in host["env"] and host["agent"]["batch_size"] == batch
     torch_env = {"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1", "impl": "torch"}}
     assert with_device_defaults(torch_env)["env"]["n_envs"] == n_envs
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "off"])
+def test_captured_evaluation_equals_eager(mode, tmp_path, monkeypatch):
+    """A fold's greedy evaluation with its day captured (run.cuda_graph auto on CUDA) gives the
+    eager evaluation's numbers exactly: the fold's row and its daily curves."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from trimtab.rl import graphed
+
+    captures = []
+    original = graphed.CapturedStep._capture
+    monkeypatch.setattr(graphed.CapturedStep, "_capture",
+                        lambda self, b: (captures.append(1), original(self, b)))  # fmt: skip
+    cfg = tiny(tmp_path, device="cuda", stability=mode)
+    adapter = make_adapter(cfg, torch.device("cuda"))
+    with Lifecycle():
+        learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, torch.device("cuda"))
+    adapter.open_fold(0, seed=1)
+    rows = {}
+    for graph in ("off", "auto"):
+        adapter.cfg = replace(cfg, run=replace(cfg.run, cuda_graph=graph))
+        row, curves = adapter.evaluate(learner.agent, 0)
+        rows[graph] = (row, curves)
+    (row_e, curves_e), (row_c, curves_c) = rows["off"], rows["auto"]
+    assert captures == [1]  # the eager run captured nothing, the other once
+    assert row_c == row_e
+    for key, value in curves_e.items():
+        assert (curves_c[key] == value).all(), key

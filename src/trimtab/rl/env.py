@@ -224,6 +224,7 @@ def evaluate(
     end: int | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
+    capture: bool = False,
 ) -> Evaluation:
     """Run one env deterministically over decision days ``start .. end - 1`` (out of sample).
 
@@ -232,6 +233,12 @@ def evaluate(
     actions. ``end`` defaults to ``T - 1``, the last day with a next-day return. After ruin
     (see :class:`BatchedTradingEnv`) nothing is left to trade: the remaining days hold no
     position and earn nothing, and :attr:`Evaluation.ruin` says on which day it happened.
+
+    ``capture`` (a CUDA device): one day (act, env step, record) is captured in a CUDA graph
+    after a few eager days and replayed for the rest (:class:`trimtab.rl.graphed.CapturedStep`;
+    one launch a day instead of a few hundred). The days are the same kernels on the same
+    buffers, so the result is the eager one; ``policy`` must then make no host sync (the
+    agent's greedy act does not).
     """
     rets = torch.as_tensor(log_returns)
     end = rets.shape[0] - 1 if end is None else end
@@ -242,25 +249,42 @@ def evaluate(
         raise ValueError(
             f"actions must be [{env.window_len}, {env.n_assets}], got {tuple(fixed.shape)}"
         )
-    rewards, positions = [], []
+    dev, n_days = env.device, env.window_len
+    rewards = torch.zeros(n_days, dtype=env.dtype, device=dev)
+    positions = torch.zeros(n_days, env.n_assets, dtype=env.dtype, device=dev)
     # Ruin, found on the device (no host read per day): from the day after it, equity is gone:
     # flat, no return, no cost (the env steps on behind the mask; nothing of it is kept).
-    alive = torch.ones(1, dtype=torch.bool, device=env.device)
-    ruin_day = torch.full((1,), env.window_len, dtype=torch.long, device=env.device)
-    for k in range(env.window_len):
-        action = fixed[k : k + 1] if fixed is not None else policy(obs)  # type: ignore[operator]
+    alive = torch.ones(1, dtype=torch.bool, device=dev)
+    ruin_day = torch.full((1,), n_days, dtype=torch.long, device=dev)
+    day = torch.zeros(1, dtype=torch.long, device=dev)  # the decision day, on the device
+
+    def one_day(_: dict[str, Tensor]) -> dict[str, Tensor]:
+        action = fixed.index_select(0, day) if fixed is not None else policy(obs)  # type: ignore[operator]
         res = env.step(action.reshape(1, env.n_assets))
-        rewards.append(torch.where(alive, res.reward, 0.0))
-        positions.append(torch.where(alive.unsqueeze(1), env.levels[action.reshape(1, -1)], 0.0))
-        ruin_day = torch.where(alive & res.terminated, k, ruin_day)
-        alive = alive & ~res.terminated
-        obs = res.obs
+        rewards.index_copy_(0, day, torch.where(alive, res.reward, 0.0))
+        held = torch.where(alive.unsqueeze(1), env.levels[action.reshape(1, -1)], 0.0)
+        positions.index_copy_(0, day, held)
+        ruin_day.copy_(torch.where(alive & res.terminated, day, ruin_day))
+        alive.logical_and_(~res.terminated)
+        obs.copy_(res.obs)
+        day.add_(1)
+        return {}
+
+    if capture and dev.type == "cuda":
+        from trimtab.rl.graphed import CapturedStep
+
+        step = CapturedStep(one_day, [env.generator], addresses=tuple)
+        for _ in range(n_days):
+            step({})
+    else:
+        for _ in range(n_days):
+            one_day({})
     first = int(ruin_day[0])  # one host read, after the window
-    ruin = first if first < env.window_len else None
-    weights = (torch.cat(positions) / env.n_assets).double().cpu().numpy()
+    ruin = first if first < n_days else None
+    weights = (positions / env.n_assets).double().cpu().numpy()
     prev = np.vstack([np.zeros((1, env.n_assets)), weights[:-1]])
     return Evaluation(
-        log_returns=torch.cat(rewards).double().cpu().numpy(),
+        log_returns=rewards.double().cpu().numpy(),
         weights=weights,
         turnover=np.abs(weights - prev).sum(1),
         asset_log_returns=rets[start + 1 : end + 1].double().cpu().numpy(),

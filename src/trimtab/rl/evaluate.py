@@ -78,8 +78,9 @@ def evaluate_checkpoint(
         return agent.act(o.to(agent.device, torch.float32), 0, greedy=True)
 
     def window(name: str, start: int, end: int) -> dict[str, Any]:
-        ev = evaluate(x, rets, policy, levels=cfg.env.levels,
-                      cost_bps=cfg.env.cost_bps, start=start, end=end, device=device)  # fmt: skip
+        ev = evaluate(x, rets, policy, levels=cfg.env.levels, cost_bps=cfg.env.cost_bps,
+                      start=start, end=end, device=device,
+                      capture=cfg.run.cuda_graph != "off")  # fmt: skip
         m = metrics.window_metrics(ev.log_returns, ev.weights)
         bh = metrics.buy_and_hold(ev.asset_log_returns, cfg.env.cost_bps).metrics()
         still = not np.any(ev.asset_log_returns)  # no price moves: a Sharpe ratio means nothing

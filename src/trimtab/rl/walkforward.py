@@ -125,6 +125,7 @@ def evaluate_fold(
         start=fold.train_end - 1,
         end=fold.test_end - 1,
         device=device,
+        capture=cfg.run.cuda_graph != "off",  # on a CUDA device (the learn step's switch)
     )
     agent = metrics.window_metrics(ev.log_returns, ev.weights)
     bh = metrics.buy_and_hold(ev.asset_log_returns, cfg.env.cost_bps)
