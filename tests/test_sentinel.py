@@ -73,7 +73,8 @@ def make_pair(device, thr: torch.Tensor, gen: torch.Generator, grouped: bool = F
     for i, (n, dtype) in enumerate((n, d) for n in SIZES for d in DTYPES):
         x = (torch.randn(n, generator=gen) * 3).to(dtype).to(device)
         tensors.append(x)
-        rule = Rule.above(thr, factor=1.5, name="thr") if i % 2 else Rule.nonfinite()
+        power = 2 if i % 4 == 3 else 1  # some slots of squares (Adam's v)
+        rule = Rule.above(thr, factor=1.5, name="thr", power=power) if i % 2 else Rule.nonfinite()
         slots.append((f"t{i}", x, rule, PHASES[i % 3]))
     if grouped:
         slots.sort(key=lambda slot: PHASES.index(slot[3]))
@@ -143,6 +144,34 @@ def test_threshold_is_read_when_the_check_runs(impl, kernel_device):
     (f,) = s.report()
     assert (f.step, f.kind, f.value) == (4, "threshold", 3.0)
     assert "2 * w_p99" in s.to_dict()["slots"][0]["rule"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_power_two_compares_with_the_squared_threshold(impl, kernel_device):
+    bound = torch.full((1,), 6.0, device=kernel_device)
+    v = torch.full((70,), 30.0, device=kernel_device)  # squares: sqrt(30) = 5.48
+    s = Sentinel(kernel_device, impl=impl)
+    s.add("v", v, Rule.above(bound, factor=1.0, name="g_bound", power=2))
+    s.add("g", v.sqrt(), Rule.above(bound, factor=1.0, name="g_bound"))  # the same, in roots
+    s.check()
+    assert not bool(s.fired())  # 30 < 6² and 5.48 < 6
+    bound.fill_(5.0)  # 30 > 25 and 5.48 > 5: both fire, at the same check
+    s.check()
+    assert [(f.name, f.step, f.kind) for f in s.report()] == [("v", 1, "threshold"),
+                                                             ("g", 1, "threshold")]  # fmt: skip
+    assert s.report()[0].value == 30.0
+    assert "(1 * g_bound)²" in s.to_dict()["slots"][0]["rule"]
+    bound.fill_(math.nan)  # unset: only non-finite fires, as for power 1
+    s2 = Sentinel(kernel_device, impl=impl)
+    s2.add("v", v.clone(), Rule.above(bound, power=2))
+    s2.check()
+    assert not bool(s2.fired())
+
+
+@pytest.mark.parametrize("power", [0, 3, 1.0, True])
+def test_rule_power_is_one_or_two(power):
+    with pytest.raises(ValueError, match="power must be 1 or 2"):
+        Rule.above(1.0, power=power)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -148,7 +148,9 @@ def guard_(
         step = state["guard_steps"][slot : slot + 1]
         thr = sstate.thresholds([slot])[0].reshape(1)
         factor = state["factors"][slot : slot + 1]
-        record_reference(state, index, abs_max_reference(x).reshape(1), step, thr, factor)
+        squared = state["powers"][slot : slot + 1] == 2
+        record_reference(state, index, abs_max_reference(x).reshape(1), step, thr, factor,
+                         squared)  # fmt: skip
         step.add_(1)
         state["counters"][-1:].add_(1)
         _clamp_reference_(x, bound, counter)

@@ -47,12 +47,15 @@ class Rule:
     where ``threshold`` is a float or a 1-element float32 device tensor (a state-vector slot view)
     that the check reads *when it runs*, so a bound updated between checks is honoured. An unset
     (NaN) threshold never fires the bound part (``|x| > NaN`` is False); non-finite still fires.
+    ``power`` 2: ``max|x| > (threshold * factor)²``, for a tensor in squared units checked
+    against a bound in the units of its root (Adam's ``v`` against a bound on the gradient).
     """
 
     kind: Literal["nonfinite", "above"]
     threshold: torch.Tensor | float = math.nan
     factor: float = 1.0
     name: str = ""
+    power: int = 1
 
     @classmethod
     def nonfinite(cls) -> Rule:
@@ -61,13 +64,20 @@ class Rule:
 
     @classmethod
     def above(
-        cls, threshold: torch.Tensor | float, *, factor: float = 1.0, name: str | None = None
+        cls,
+        threshold: torch.Tensor | float,
+        *,
+        factor: float = 1.0,
+        name: str | None = None,
+        power: int = 1,
     ) -> Rule:
-        """Fire on non-finite values or on ``max|x| > threshold * factor``.
+        """Fire on non-finite values or on ``max|x| > (threshold * factor) ** power``.
 
         ``factor`` is the named multiple of the measured bound that counts as an excursion
         (e.g. ``factor=4.0`` on a p99 slot: four times the running p99). ``name`` labels the
-        threshold in reports (e.g. the state-vector slot's name).
+        threshold in reports (e.g. the state-vector slot's name). ``power`` is 1, or 2 for a
+        tensor of squares (no square root of the tensor is taken: the threshold is squared,
+        in float64).
         """
         if isinstance(threshold, torch.Tensor):
             if threshold.dtype != torch.float32:
@@ -95,11 +105,15 @@ class Rule:
             raise TypeError(f"Rule.above: factor must be a float, got {type(factor).__name__}")
         if not (math.isfinite(factor) and factor >= 0):
             raise ValueError(f"Rule.above: factor must be finite and >= 0, got {factor}")
-        return cls("above", threshold, float(factor), label)
+        if type(power) is not int or power not in (1, 2):
+            raise ValueError(f"Rule.above: power must be 1 or 2, got {power!r}")
+        return cls("above", threshold, float(factor), label, power)
 
     def describe(self) -> str:
         if self.kind == "nonfinite":
             return "non-finite"
+        if self.power == 2:
+            return f"non-finite or |x| > ({self.factor:g} * {self.name})²"
         return f"non-finite or |x| > {self.factor:g} * {self.name}"
 
 
@@ -210,7 +224,7 @@ class Sentinel:
             self._state.adopt_device(rule.threshold.device, f"slot {name!r} threshold")
         self._slots[name] = _Slot(name, src, rule, phase, len(self._slots))
         self._checked.clear()
-        self._state.add_slot(rule.threshold, rule.factor, phase)
+        self._state.add_slot(rule.threshold, rule.factor, phase, rule.power)
 
     def _validate_tensor(self, name: str, t: Any) -> None:
         if not isinstance(t, torch.Tensor):

@@ -39,6 +39,7 @@ class Launch:
     entry_phase: torch.Tensor  # int64 [k]: counter index of each tensor's phase
     inc: torch.Tensor  # int64 [phases + 1]: added to the counters by this launch
     factor: torch.Tensor  # float64 [k]: each tensor's slot factor (the reference's arithmetic)
+    squared: torch.Tensor  # bool [k]: each tensor's slot compares against its threshold squared
     #: ``(a, b)`` when the checked slots are ``a, ..., b - 1`` in order (the reference then
     #: reads and writes their records as slices, not by index); None otherwise.
     span: tuple[int, int] | None
@@ -61,9 +62,10 @@ class SentinelState:
     ``rec`` int64 [3, n]: (first-fire check number, 1-based, 0 = never; step; kind code);
     ``value`` float64 [n]: max |x| at the first firing; ``counters`` int64 [P + 1]: checks per
     phase, then checks of any kind (the global order); ``guard_steps`` int64 [n]: guard_ calls
-    per slot; ``thr_ptrs``/``factors``: where each slot's float32 threshold lives and its
-    factor; ``done`` int32 [n + 1]: arrival counters of the last-program pattern (zero between
-    launches); ``scratch_*``: per-program partials.
+    per slot; ``thr_ptrs``/``factors``/``powers``: where each slot's float32 threshold lives, its
+    factor, and the power (int32, 1 or 2) the threshold is raised to; ``done`` int32 [n + 1]:
+    arrival counters of the last-program pattern (zero between launches); ``scratch_*``:
+    per-program partials.
     """
 
     def __init__(self, device: torch.device | None) -> None:
@@ -71,6 +73,7 @@ class SentinelState:
         self.phases: list[str] = []
         self.slot_thresholds: list[torch.Tensor | float] = []  # per slot: a tensor or a float
         self.slot_factors: list[float] = []
+        self.slot_powers: list[int] = []
         self.slot_phase: list[int] = []
         self.tensors: dict[str, torch.Tensor] | None = None
         self._launches: dict[tuple, Launch] = {}
@@ -83,13 +86,16 @@ class SentinelState:
         elif device != self.device and not _same_device(device, self.device):
             raise ValueError(f"{what} is on {device}, but the sentinel is on {self.device}")
 
-    def add_slot(self, threshold: torch.Tensor | float, factor: float, phase: str) -> None:
-        """A slot firing on non-finite values or ``max|x| > threshold * factor`` (a NaN
-        threshold: non-finite only)."""
+    def add_slot(
+        self, threshold: torch.Tensor | float, factor: float, phase: str, power: int = 1
+    ) -> None:
+        """A slot firing on non-finite values or ``max|x| > (threshold * factor) ** power`` (a
+        NaN threshold: non-finite only)."""
         if phase not in self.phases:
             self.phases.append(phase)
         self.slot_thresholds.append(threshold)
         self.slot_factors.append(factor)
+        self.slot_powers.append(power)
         self.slot_phase.append(self.phases.index(phase))
         self._launches.clear()
         self._stale = True
@@ -123,6 +129,7 @@ class SentinelState:
         literals = [math.nan if isinstance(r, torch.Tensor) else r for r in self.slot_thresholds]
         t["literals"] = torch.tensor(literals, dtype=torch.float32, device=dev)
         t["factors"] = torch.tensor(self.slot_factors, dtype=torch.float32, device=dev)
+        t["powers"] = torch.tensor(self.slot_powers, dtype=torch.int32, device=dev)
         self._thr_views = [
             r.reshape(()) if isinstance(r, torch.Tensor) else t["literals"][i]
             for i, r in enumerate(self.slot_thresholds)
@@ -161,6 +168,7 @@ class SentinelState:
             factor=torch.tensor(
                 [self.slot_factors[i] for i in ids], dtype=torch.float32, device=dev
             ).double(),
+            squared=torch.tensor([self.slot_powers[i] == 2 for i in ids], device=dev),
             span=span,
             phase_index=phase_index,
             step=None if phase_index is None else t["counters"][phase_index],
@@ -250,15 +258,18 @@ def _first_firings(
     step: torch.Tensor,
     thr: torch.Tensor,
     factor: torch.Tensor,
+    squared: torch.Tensor,
     prev_seq: torch.Tensor,
     gseq: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first, fresh)`` of ``k`` slots: bool ``[k]``, do they fire now for the first time, and
     int64 ``[3, k]``, the records they would get (check number ``gseq + 1``, ``step``, kind).
     A slot fires on a non-finite ``amax`` (a max |x|: >= 0, +Inf or NaN) or on
-    ``amax > thr * factor`` in float64 (a NaN threshold never does)."""
+    ``amax > t`` in float64, ``t = thr * factor``, squared where ``squared`` (a NaN threshold
+    never fires)."""
     finite = amax < math.inf  # isfinite for a max |x|, in one comparison instead of four
-    fired = (amax > thr.to(torch.float64) * factor.to(torch.float64)) | ~finite
+    t = thr.to(torch.float64) * factor.to(torch.float64)
+    fired = (amax > torch.where(squared, t * t, t)) | ~finite
     first = fired & (prev_seq == 0)
     kind = torch.where(finite, 3, torch.where(torch.isnan(amax), 1, 2))
     fresh = torch.stack([(gseq + 1).expand_as(kind), step.expand_as(kind), kind])
@@ -272,13 +283,16 @@ def record_reference(
     step: torch.Tensor,
     thr: torch.Tensor,
     factor: torch.Tensor,
+    squared: torch.Tensor,
 ) -> None:
     """Record first firings of slots ``index`` (int64 [k], distinct) from their ``amax``
     (float64 [k]) at ``step`` (int64 [k], or 0-dim for all); the check number is
-    ``counters[-1] + 1``. No sync."""
+    ``counters[-1] + 1``. ``factor``/``squared``: the slots' (see :func:`_first_firings`).
+    No sync."""
     rec, value = state["rec"], state["value"]
     prev = rec.index_select(1, index)
-    first, fresh = _first_firings(amax, step, thr, factor, prev[0], state["counters"][-1])
+    first, fresh = _first_firings(amax, step, thr, factor, squared, prev[0],
+                                  state["counters"][-1])  # fmt: skip
     rec.index_copy_(1, index, torch.where(first, fresh, prev))
     value.index_copy_(0, index, torch.where(first, amax, value.index_select(0, index)))
 
@@ -298,10 +312,12 @@ def check_reference(
     if step is None:
         step = state["counters"].index_select(0, launch.entry_phase)
     if launch.rec is None or launch.value is None:
-        record_reference(state, launch.entry_index, amax, step, thr, launch.factor)
+        record_reference(state, launch.entry_index, amax, step, thr, launch.factor,
+                         launch.squared)  # fmt: skip
     else:
         prev, prev_value = launch.rec, launch.value
-        first, fresh = _first_firings(amax, step, thr, launch.factor, prev[0], launch.gseq)
+        first, fresh = _first_firings(amax, step, thr, launch.factor, launch.squared, prev[0],
+                                      launch.gseq)  # fmt: skip
         torch.where(first, fresh, prev, out=prev)  # in place: out is exactly the input prev
         torch.where(first, amax, prev_value, out=prev_value)
     state["counters"].add_(launch.inc)

@@ -69,8 +69,8 @@ def test_adam_moments_fire_on_the_gradients_excursion_not_on_sparsity(tmp_path):
     """Adam's first moment averages clipped gradients, so its threshold is the gradients'
     (1e3 x the clip bound), not a multiple of its own group p99: a sparse gradient (C51 at a
     reward scale of 1e-3 puts it on a few atoms' rows) has max |m| far above 1e3 x the p99 in
-    health, which once halted 5 of 6 market runs at x0.001. The adam_v slot checks sqrt(v),
-    in the gradients' units, against the same threshold."""
+    health, which once halted 5 of 6 market runs at x0.001. The adam_v slot checks v against
+    the same threshold squared (no square root of v is taken)."""
     from rl_helpers import wired_learner
 
     learner = wired_learner(tiny(tmp_path))
@@ -98,9 +98,9 @@ def test_adam_moments_fire_on_the_gradients_excursion_not_on_sparsity(tmp_path):
     checks.weights()
     [firing] = checks.sentinel.report()
     assert firing.name.startswith("adam_v.") and firing.kind == "threshold"
-    assert abs(firing.value - 2e3 * bound) < 1e-3  # reported as sqrt(v)
+    assert firing.value == (2e3 * bound) ** 2  # max v, against (1e3 x the bound)²
     checks.sentinel.reset()
-    learner.agent.optimizer.state[p]["exp_avg_sq"].view(-1)[2] = -1.0  # a corrupt v
+    learner.agent.optimizer.state[p]["exp_avg_sq"].view(-1)[2] = math.nan  # a corrupt v
     checks.weights()
     [firing] = checks.sentinel.report()
     assert firing.name.startswith("adam_v.") and firing.kind == "nan"

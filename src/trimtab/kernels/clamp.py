@@ -34,6 +34,7 @@ def _clamp_kernel(
     slot,
     thr_ptrs,
     factors,
+    powers,
     rec_seq,
     rec_step,
     rec_kind,
@@ -91,6 +92,7 @@ def _clamp_kernel(
                 gseq,
                 thr_ptrs,
                 factors,
+                powers,
                 rec_seq,
                 rec_step,
                 rec_kind,
@@ -134,6 +136,7 @@ def launch_clamp(
             slot,
             state["thr_ptrs"],
             state["factors"],
+            state["powers"],
             rec[0],
             rec[1],
             rec[2],
@@ -141,7 +144,7 @@ def launch_clamp(
             state["counters"].numel(),
         )
     else:
-        args = (x, x, x, x, x, 0, x, x, x, x, x, x, 1)
+        args = (x, x, x, x, x, 0, x, x, x, x, x, x, x, 1)
     _clamp_kernel[(grid,)](
         x,
         n,

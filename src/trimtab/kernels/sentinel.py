@@ -89,6 +89,7 @@ def record_first_fire(
     gseq,
     thr_ptrs,
     factors,
+    powers,
     rec_seq,
     rec_step,
     rec_kind,
@@ -98,10 +99,12 @@ def record_first_fire(
 
     ``amax`` is the float64 max |x| over non-NaN elements. The threshold is read *now* from the
     float32 the slot's threshold pointer names (a state-vector slot, or the sentinel's literal
-    buffer) times its factor; a NaN threshold (unset) makes ``amax > thr`` False.
+    buffer) times its factor, squared where the slot's power is 2; a NaN threshold (unset)
+    makes ``amax > thr`` False.
     """
     thr_ptr = tl.load(thr_ptrs + slot).to(tl.pointer_type(tl.float32))
     thr = tl.load(thr_ptr, volatile=True).to(tl.float64) * tl.load(factors + slot).to(tl.float64)
+    thr = tl.where(tl.load(powers + slot) == 2, thr * thr, thr)
     has_nan = any_nan > 0
     has_inf = amax == float("inf")
     fired = has_nan | has_inf | (amax > thr)
@@ -131,6 +134,7 @@ def _check_kernel(
     slot_phase,
     thr_ptrs,
     factors,
+    powers,
     rec_seq,
     rec_step,
     rec_kind,
@@ -188,6 +192,7 @@ def _check_kernel(
             gseq,
             thr_ptrs,
             factors,
+            powers,
             rec_seq,
             rec_step,
             rec_kind,
@@ -241,6 +246,7 @@ def launch_check(
         state["slot_phase"],
         state["thr_ptrs"],
         state["factors"],
+        state["powers"],
         rec[0],
         rec[1],
         rec[2],

@@ -75,19 +75,14 @@ def watch_slots() -> list[Slot]:
 
 
 class _Moment:
-    """An Adam moment of ``p`` as the sentinel checks it: ``m``, or ``sqrt(v)`` (in the units
-    of the gradient, so both moments share the gradients' threshold); None before the first
-    step. :meth:`buffer` is the moment itself, where the fault-injection hook writes."""
+    """An Adam moment of ``p`` (``exp_avg`` or ``exp_avg_sq``) as the sentinel checks it; None
+    before the first step. The fault-injection hook writes into what it returns."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, p: Tensor, key: str, root: bool):
-        self.optimizer, self.p, self.key, self.root = optimizer, p, key, root
-
-    def buffer(self) -> Tensor | None:
-        return self.optimizer.state.get(self.p, {}).get(self.key)
+    def __init__(self, optimizer: torch.optim.Optimizer, p: Tensor, key: str):
+        self.optimizer, self.p, self.key = optimizer, p, key
 
     def __call__(self) -> Tensor | None:
-        t = self.buffer()
-        return t.sqrt() if self.root and t is not None else t
+        return self.optimizer.state.get(self.p, {}).get(self.key)
 
 
 def finite_abs_max(tensors: list[Tensor]) -> Tensor:
@@ -176,9 +171,11 @@ class Checks:
         logits after it)."""
         s, seen = self.sentinel, self._seen
 
-        def above(slot: str, i: int | None = None, factor: float = EXCURSION_FACTOR) -> Rule:
+        def above(
+            slot: str, i: int | None = None, factor: float = EXCURSION_FACTOR, power: int = 1
+        ) -> Rule:
             view = self.state[slot] if i is None else self.state[slot][i]
-            return Rule.above(view, factor=factor, name=slot)
+            return Rule.above(view, factor=factor, name=slot, power=power)
 
         def watched(name: str) -> Rule:  # a *_scale slot holds the threshold itself
             return above(f"{name}_scale", factor=1.0)
@@ -209,15 +206,15 @@ class Checks:
             g = 0 if p.ndim >= 2 else 1  # the optimizer group, and so the slot element
             s.add(f"weight.{name}", p, above("adam_weight_bound", g), phase="optimizer")
             # Adam's moments average the clipped gradients: |m| <= max |g| <= the clip bound
-            # (an element is at most its tensor's norm) and sqrt(v) <= max |g| too, so both
-            # excursions are the gradients' (the same threshold; the adam_v slot checks
-            # sqrt(v): a NaN, a negative v or an Inf fires as non-finite). Not a multiple of
-            # the moments' own p99: when the gradient is sparse (IQN's gradients ~1e-3 of
-            # C51's at a reward scale of 1e-3) max |m| exceeds 1e3 x the group's p99 in health
-            # (a false alarm on 5 of 6 market runs at x0.001).
-            for moment, key, root in (("adam_m", "exp_avg", False), ("adam_v", "exp_avg_sq", True)):
-                src = _Moment(optimizer, p, key, root)
-                s.add(f"{moment}.{name}", src, above("grad_clip_bound"), phase="optimizer")
+            # (an element is at most its tensor's norm) and v <= (max |g|)² too, so both
+            # excursions are the gradients' (the same threshold, squared for v: no square root
+            # of v is taken; a NaN or an Inf in v fires as non-finite). Not a multiple of the
+            # moments' own p99: when the gradient is sparse (IQN's gradients ~1e-3 of C51's at
+            # a reward scale of 1e-3) max |m| exceeds 1e3 x the group's p99 in health (a false
+            # alarm on 5 of 6 market runs at x0.001).
+            for moment, key, power in (("adam_m", "exp_avg", 1), ("adam_v", "exp_avg_sq", 2)):
+                rule = above("grad_clip_bound", power=power)
+                s.add(f"{moment}.{name}", _Moment(optimizer, p, key), rule, phase="optimizer")
 
     # --- the runner's and the learn step's calls ----------------------------------------------
     def env(self, obs: Tensor, reward: Tensor, final_obs: Tensor, policy: NonFinitePolicy) -> None:
@@ -273,7 +270,7 @@ class Checks:
             slot = self.sentinel._slots.get(self.fault[0])
             if slot is not None and slot.phase == phase and slot.source is not None:
                 src = slot.source
-                t = src if isinstance(src, Tensor) else getattr(src, "buffer", src)()
+                t = src if isinstance(src, Tensor) else src()
                 self.inject(self.fault[0], t, phase)
         self.sentinel.check(phase)
         self._checks[phase] = self._checks.get(phase, 0) + 1
