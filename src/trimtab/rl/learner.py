@@ -143,9 +143,12 @@ class Learner:
         s.checks.forward(batch["obs"], support[1], pred.logits, loss)  # stability: sentinel
         if pred.trunk.requires_grad:
             pred.trunk.register_hook(s.checks.trunk_grad)  # stability: sentinel, heads' grad
-        # Gradients keep their buffers (set_to_none=False): the sentinel's pointer table and a
-        # captured CUDA graph both need stable addresses.
-        agent.optimizer.zero_grad(set_to_none=False)
+        # Gradients keep their buffers (zeroed, not set to None): the sentinel's pointer table
+        # and a captured CUDA graph both need stable addresses. One multi-tensor zero (the
+        # optimizer's zero_grad zeroes them one launch each unless it was built with foreach).
+        kept = [p.grad for p in self.params if p.grad is not None]
+        if kept:
+            torch._foreach_zero_(kept)
         loss.backward()
         s.checks.gradients()  # stability: sentinel "backward", before anything rewrites grads
         grads = [p.grad for p in self.params if p.grad is not None]
