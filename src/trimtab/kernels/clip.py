@@ -39,6 +39,8 @@ from trimtab.kernels.ema import (
 #: clip runs its reference.
 MAX_WINDOW = 4096
 MAX_TENSORS = 4096
+#: Warps of the one program (its sort of the window dominates; ``benchmarks/probe_warps.py``).
+CLIP_WARPS = 4
 
 
 @triton.jit
@@ -153,5 +155,5 @@ def clip_step_triton(
         floor, eps, quantile, expected_rate, z_threshold,
         ENG=EMA_WIDTH, BOUND=EMA_WIDTH + len(ENG_FIELDS), TAIL=2 * EMA_WIDTH + len(ENG_FIELDS),
         TP=max(2, triton.next_power_of_2(t)), GP=max(2, triton.next_power_of_2(g)),
-        WP=max(2, triton.next_power_of_2(window)), **consts(q_level.numel()), num_warps=4,
+        WP=max(2, triton.next_power_of_2(window)), **consts(q_level.numel()), num_warps=CLIP_WARPS,
     )  # fmt: skip

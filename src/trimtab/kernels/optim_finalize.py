@@ -56,6 +56,9 @@ TABLE_SIZE = TABLE_TAIL + 5
 assert len(TABLE_LAYOUT) == TABLE_SIZE
 REDUCE_TILE = 2048  # elements of one load of the replicas: [groups, replicas]
 
+#: Warps of the finalize's one program (``benchmarks/probe_warps.py``).
+FINALIZE_WARPS = 4
+
 
 @triton.jit
 def _window_quantile(
@@ -364,5 +367,5 @@ def finalize_triton(
         RB=max(2, min(replicas, REDUCE_TILE // gr)), BINS=BINS,
         CSHIFT=COARSE_SHIFT, FSHIFT=FINE_SHIFT, UNDER=INT_UNDER,
         HIST_OFFSET=HIST_OFFSET, WINDOW_OFFSET=WINDOW_OFFSET,
-        PERIOD=PHASE_PERIOD, ZBLOCK=1024, num_warps=4,
+        PERIOD=PHASE_PERIOD, ZBLOCK=1024, num_warps=FINALIZE_WARPS,
     )  # fmt: skip

@@ -1,0 +1,94 @@
+"""Warps of the adaptive step's single-program kernels: the captured step's GPU time per setting.
+
+    python benchmarks/probe_warps.py [--replays 200] [--out PATH]
+
+The clip's step (``kernels.clip.CLIP_WARPS``: one program sorting the window of clipped norms),
+the small tensors' quantile (``kernels.quantile.SMALL_WARPS``: one program per tensor) and the
+optimizer's finalize (``kernels.optim_finalize.FINALIZE_WARPS``) each run as few programs, so
+their time is latency, and the warps per program set how much of it overlaps. For each setting
+the adaptive learner of the default config is built and captured as ``bench_trainer.py`` does,
+its graph replayed back to back (``bench_trainer.replay_ms``), and ``off`` once for the ratio.
+Settings are measured in rounds (every setting once per round, the median per setting), so a
+drift of the machine's clocks falls on all of them. Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_trainer
+from trimtab.benchmarking import provenance, save_record
+from trimtab.kernels import clip, optim_finalize, quantile
+from trimtab.rl.config import TrainConfig
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "probe_warps_h200.json"
+KNOBS = {"clip": (clip, "CLIP_WARPS"), "small": (quantile, "SMALL_WARPS"),
+         "finalize": (optim_finalize, "FINALIZE_WARPS")}  # fmt: skip
+#: The settings probed: the knobs each changes (the rest at their defaults)
+SETTINGS: dict[str, dict[str, int]] = {
+    "default": {},
+    "clip 8": {"clip": 8},
+    "clip 16": {"clip": 16},
+    "small 4": {"small": 4},
+    "small 16": {"small": 16},
+    "finalize 8": {"finalize": 8},
+    "finalize 16": {"finalize": 16},
+}
+
+
+def build(mode: str, setting: dict[str, int]) -> dict[str, Any]:
+    defaults = {k: getattr(mod, attr) for k, (mod, attr) in KNOBS.items()}
+    for k, v in setting.items():
+        mod, attr = KNOBS[k]
+        setattr(mod, attr, v)
+    try:
+        base = TrainConfig()
+        cfg = replace(base, run=replace(base.run, stability=mode, device="cuda", cuda_graph="on"))
+        return bench_trainer.prepare(cfg, torch.device("cuda"))
+    finally:
+        for k, (mod, attr) in KNOBS.items():
+            setattr(mod, attr, defaults[k])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replays", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--key", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_warps.py times CUDA graphs: it needs a CUDA device")
+    torch.set_num_threads(1)
+    learners = {"off": build("off", {})}
+    learners.update({name: build("adaptive", s) for name, s in SETTINGS.items()})
+    times: dict[str, list[float]] = {name: [] for name in learners}
+    for _ in range(args.rounds):
+        for name, m in learners.items():
+            times[name].append(bench_trainer.replay_ms(m["learner"].sampled_graph.graph,
+                                                       args.replays))  # fmt: skip
+    rows = {name: {"replay_ms": statistics.median(t), "rounds_ms": [round(x, 4) for x in t]}
+            for name, t in times.items()}  # fmt: skip
+    off = rows["off"]["replay_ms"]
+    print("| setting | captured step, ms | / off |\n|---|---:|---:|")
+    for name, r in rows.items():
+        r["over_off"] = r["replay_ms"] / off
+        print(f"| {name} | {r['replay_ms']:.4f} | {r['over_off']:.3f} |")
+    record = {**provenance("cuda"), "replays": args.replays, "rounds": args.rounds,
+              "settings": SETTINGS, "rows": rows,
+              "command": "benchmarks/probe_warps.py " + " ".join(
+                  sys.argv[1:] if argv is None else argv)}  # fmt: skip
+    save_record(args.out, args.key, record)
+    return record
+
+
+if __name__ == "__main__":
+    main()
