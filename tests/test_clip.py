@@ -206,3 +206,34 @@ def test_fused_step_matches_reference(kernel_device, per_group):
     clip = runs["triton"][1]
     assert int(clip.nonfinite[0]) == 2 and runs["triton"][2] > 0  # sanitised; the raise fired
     torch.testing.assert_close(clip.bound, runs["torch"][1].bound, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("quantile,window", [(0.75, 8), (0.99, 1000), (0.5, 200)])
+def test_window_quantile_matches_reference_with_ties(kernel_device, quantile, window):
+    """The kernel's window quantile equals the reference's order statistic near the top of the
+    window (walked down from its largest norm: 0.75 of 8, the trainer's 0.99 of 1000) and far
+    from it (a sort: 0.5 of 200, 100 ranks from the top), with ties and NaN in the window: a
+    window of handcrafted clipped norms, one step, and the bound that its first observation
+    sets (a fresh estimator takes it as it is)."""
+    gen = torch.Generator().manual_seed(window)
+    if window == 8:  # rank 6 of the 7 finite norms: 7, tied with the next
+        history = torch.tensor([[3.0, 4.0, 5.0, 0.0, 9.0, 7.0, 7.0, 1.0]])
+    else:  # two decimals: some ties, few enough that the rank is not the maximum's
+        history = (torch.rand(1, window, generator=gen) * 10).mul(100).round().div(100)
+    history[0, 3] = math.nan  # a non-finite step (its norm never entered the window)
+    bounds = {}
+    for impl in ("torch", "triton"):
+        p = torch.zeros(4, device=kernel_device, requires_grad=True)
+        with Lifecycle():
+            clip = AdaptiveGradClip([p], window=window, quantile=quantile)
+        state = clip.state_dict()
+        state["history"] = history.to(kernel_device)
+        state["count"].fill_(window + 1)  # full; this step's norm replaces slot 1
+        clip.load_state_dict(state)
+        p.grad = torch.full((4,), 0.25, device=kernel_device)  # norm 0.5: below every value
+        clip(impl=impl)
+        bounds[impl] = clip.bound.clone()
+    finite = history[0, history[0] == history[0]]
+    finite[1 % finite.numel()] = 0.5  # slot 1 (count % window) now holds this step's norm
+    assert not torch.equal(bounds["torch"].cpu(), finite.max().reshape(1))  # not the max
+    torch.testing.assert_close(bounds["triton"], bounds["torch"], rtol=1e-6, atol=0)
