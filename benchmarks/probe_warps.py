@@ -1,11 +1,13 @@
-"""Warps of the adaptive step's single-program kernels: the captured step's GPU time per setting.
+"""Shapes of the adaptive step's single-program kernels: the captured step's GPU time per setting.
 
     python benchmarks/probe_warps.py [--replays 200] [--out PATH]
 
 The clip's step (``kernels.clip.CLIP_WARPS``: one program sorting the window of clipped norms),
-the small tensors' quantile (``kernels.quantile.SMALL_WARPS``: one program per tensor) and the
-optimizer's finalize (``kernels.optim_finalize.FINALIZE_WARPS``) each run as few programs, so
-their time is latency, and the warps per program set how much of it overlaps. For each setting
+the small tensors' quantile (``kernels.quantile.SMALL_WARPS``: one program per tensor, for
+tensors up to ``SMALL_MAX`` elements) and the optimizer's finalize
+(``kernels.optim_finalize.FINALIZE_WARPS``) each run as few programs, so their time is
+latency, and the warps per program set how much of it overlaps; ``TOP_MAX`` 0 makes the clip
+sort its window, ``SMALL_MAX`` 0 sends every quantile through the multi-program passes. For each setting
 the adaptive learner of the default config is built and captured as ``bench_trainer.py`` does,
 its graph replayed back to back (``bench_trainer.replay_ms``), and ``off`` once for the ratio.
 Settings are measured in rounds (every setting once per round, the median per setting), so a
@@ -31,16 +33,15 @@ from trimtab.rl.config import TrainConfig
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "probe_warps_h200.json"
 KNOBS = {"clip": (clip, "CLIP_WARPS"), "small": (quantile, "SMALL_WARPS"),
-         "finalize": (optim_finalize, "FINALIZE_WARPS")}  # fmt: skip
+         "finalize": (optim_finalize, "FINALIZE_WARPS"), "small_max": (quantile, "SMALL_MAX"),
+         "top": (clip, "TOP_MAX")}  # fmt: skip
 #: The settings probed: the knobs each changes (the rest at their defaults)
 SETTINGS: dict[str, dict[str, int]] = {
     "default": {},
+    "clip sorts": {"top": 0},  # the clip's window quantile by a sort (before 8f0b8f6)
     "clip 8": {"clip": 8},
-    "clip 16": {"clip": 16},
-    "small 4": {"small": 4},
-    "small 16": {"small": 16},
-    "finalize 8": {"finalize": 8},
     "finalize 16": {"finalize": 16},
+    "no small path": {"small_max": 0},  # every quantile by the multi-program radix passes
 }
 
 
