@@ -7,9 +7,10 @@ the small tensors' quantile (``kernels.quantile.SMALL_WARPS``: one program per t
 tensors up to ``SMALL_MAX`` elements) and the optimizer's finalize
 (``kernels.optim_finalize.FINALIZE_WARPS``) each run as few programs, so their time is
 latency, and the warps per program set how much of it overlaps; ``TOP_MAX`` 0 makes the clip
-sort its window, ``SMALL_MAX`` 0 sends every quantile through the multi-program passes. For each setting
-the adaptive learner of the default config is built and captured as ``bench_trainer.py`` does,
-its graph replayed back to back (``bench_trainer.replay_ms``), and ``off`` once for the ratio.
+sort its window, ``SMALL_MAX`` 0 sends every quantile through the multi-program passes. For
+each setting the adaptive learner of the default config is built and captured as
+``bench_trainer.py`` does, its graph replayed back to back (``bench_trainer.replay_ms``),
+and ``off`` once for the ratio.
 Settings are measured in rounds (every setting once per round, the median per setting), so a
 drift of the machine's clocks falls on all of them. Needs CUDA.
 """
