@@ -7,7 +7,9 @@ Per run: the trunk clamp's and the target clamp's engaged fraction (mean of the 
 each the fraction of clamped elements since the previous row), the bounds' exceedance fraction
 that the engagement test sees (elements above the measured quantile, cumulative to the last
 checkpoint: 1 - run.bound_quantile when the estimate is right), Adam's weight clamp (engaged
-fraction of the weights, per parameter group), the gradient clip (fraction of steps clipped),
+fraction of the weights, per parameter group), the gradient clip (fraction of steps clipped,
+and of steps its engagement test counted: the norm above the bound itself, whatever
+``run.clip_headroom`` is),
 the C51 support's range after the first 1000 steps (a collapse shows as a small minimum), and
 the greedy return when the run finished.
 """
@@ -59,7 +61,7 @@ def engagement(run_dir: Path) -> dict[str, Any]:
         out["checkpoint_step"] = state["progress"]["global_step"]
         cfg = state["config"]["run"]
         out["config"] = {k: cfg.get(k) for k in ("stability", "seed", "ablate", "bound_quantile",
-                                                  "clamp_headroom")}  # fmt: skip
+                                                  "clamp_headroom", "clip_headroom")}  # fmt: skip
         if stab.get("bounds"):
             eng = stab["bounds"]["engagement"]
             out["bounds"] = dict(zip(stab["bounds"]["names"],
@@ -70,6 +72,8 @@ def engagement(run_dir: Path) -> dict[str, Any]:
             out["weight_clamp"] = _frac(eng["engaged_total"], eng["seen_total"])
         if stab.get("clip"):
             out["grad_clip_steps"] = _frac(stab["clip"]["engaged"], stab["clip"]["count"])[0]
+            eng = stab["clip"]["engagement"]  # the test's: norms above the bound itself
+            out["grad_clip_test"] = _frac(eng["engaged_total"], eng["seen_total"])[0]
     summary = run_dir / "summary.json"
     if summary.is_file():
         s = json.loads(summary.read_text())

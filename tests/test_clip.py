@@ -237,3 +237,34 @@ def test_window_quantile_matches_reference_with_ties(kernel_device, quantile, wi
     finite[1 % finite.numel()] = 0.5  # slot 1 (count % window) now holds this step's norm
     assert not torch.equal(bounds["torch"].cpu(), finite.max().reshape(1))  # not the max
     torch.testing.assert_close(bounds["triton"], bounds["torch"], rtol=1e-6, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_headroom_clips_above_it_while_the_test_counts_above_the_bound(kernel_device, impl):
+    """With headroom h the clip binds at h x the bound: a norm between the bound and h x it
+    passes unclipped (and is not counted as clipped) but is an exceedance for the engagement
+    test; a norm above h x it is clipped to h x it. The window holds the norm clipped at the
+    bound, as with h = 1 (the anchoring)."""
+    p = torch.zeros(4, device=kernel_device, requires_grad=True)
+    with Lifecycle():
+        clip = AdaptiveGradClip([p], window=8, headroom=2.0)
+    clip.bound.fill_(1.0)
+    p.grad = torch.full((4,), 0.75, device=kernel_device)  # norm 1.5: above 1, below 2
+    clip(impl=impl)
+    assert torch.equal(p.grad.cpu(), torch.full((4,), 0.75))  # not clipped
+    assert int(clip.engaged[0]) == 0  # not counted as clipped
+    assert float(clip.engagement.engaged_total[0]) == 1  # an exceedance for the test
+    assert float(clip._history[0, 0]) == 1.0  # the window: clipped at the bound
+    b = float(clip.bound[0])  # the bound after this step's fold
+    p.grad = torch.full((4,), 10.0, device=kernel_device)  # norm 20: above 2b
+    total = clip(impl=impl)
+    assert float(total) == pytest.approx(20.0)
+    torch.testing.assert_close(p.grad.norm().cpu(), torch.tensor(2.0 * b), rtol=1e-5, atol=0)
+    assert int(clip.engaged[0]) == 1
+
+
+@pytest.mark.parametrize("headroom", [0.5, math.inf, math.nan, True])
+def test_headroom_below_one_or_not_finite_is_refused(headroom):
+    with pytest.raises(ValueError, match="headroom must be a finite number >= 1"):
+        AdaptiveGradClip([torch.zeros(2, requires_grad=True)], headroom=headroom)

@@ -40,15 +40,19 @@ class AdaptiveGradClip:
        :func:`trimtab.clamp.scale_finite_` (one launch for every tensor on the GPU), replaces
        the NaN/±Inf themselves. :attr:`nonfinite` counts ``[tensors, elements]`` zeroed for
        that reason.
-    2. **Clip.** Every gradient is multiplied by ``min(1, b_t / (n_t + ε))``: a coefficient,
-       never a host-side branch (``torch.nn.utils.clip_grad_norm_``'s rule). Unset bound
-       (the first step after construction or reset): no clip.
-    3. **Measure.** The *clipped* norm ``min(n_t, b_t)``, what actually reached the optimizer,
-       enters a window of the last ``window`` steps; the observation is the window's
-       ``q``-quantile (:func:`trimtab.abs_quantiles`, an exact order statistic), folded into the
-       bound's slot by an :class:`~trimtab.AdaptiveEMA` on a log scale (the bound is
-       ``exp`` of the estimate of ``log`` observations: scale-free, and positive whatever the
-       filter extrapolates after a tenfold drop; a zero norm is no observation).
+    2. **Clip.** Every gradient is multiplied by ``min(1, h b_t / (n_t + ε))``: a coefficient,
+       never a host-side branch (``torch.nn.utils.clip_grad_norm_``'s rule), ``h >= 1`` the
+       ``headroom`` (1, the default: at the bound itself, so the clip binds on about ``1 - q``
+       of steps by construction; ``h > 1``: on excursions only). Unset bound (the first step
+       after construction or reset): no clip.
+    3. **Measure.** The norm clipped at the bound, ``min(n_t, b_t)`` (with ``h = 1`` what
+       actually reached the optimizer), enters a window of the last ``window`` steps; the
+       observation is the window's ``q``-quantile (:func:`trimtab.abs_quantiles`, an exact
+       order statistic), folded into the bound's slot by an :class:`~trimtab.AdaptiveEMA` on
+       a log scale (the bound is ``exp`` of the estimate of ``log`` observations: scale-free,
+       and positive whatever the filter extrapolates after a tenfold drop; a zero norm is no
+       observation). The engagement test below counts the norms above ``b_t``, whatever
+       ``h`` is; :attr:`engaged` counts the steps the clip bound (above ``h b_t``).
 
     **Anchoring.** An EMA of raw norms ratchets: a run of large norms raises the bound, which
     lets larger updates through, which grow the weights and the next norms (the failure that
@@ -85,8 +89,18 @@ class AdaptiveGradClip:
         per_group: bool = False,
         state_vector: StateVector | None = None,
         prefix: str = "grad_clip",
+        headroom: float = 1.0,
     ) -> None:
         groups = self._as_groups(params_or_groups)
+        if (
+            isinstance(headroom, bool)
+            or not isinstance(headroom, (int, float))
+            or not (math.isfinite(headroom) and headroom >= 1.0)
+        ):
+            raise ValueError(
+                f"headroom must be a finite number >= 1 (the clip binds at headroom x the "
+                f"measured bound; 1: at the bound itself), got {headroom!r}"
+            )
         if isinstance(quantile, bool) or not isinstance(quantile, float) or not 0 < quantile < 1:
             raise ValueError(f"quantile must be a float in (0, 1), got {quantile!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -94,6 +108,7 @@ class AdaptiveGradClip:
         self.groups = groups
         self.per_group = per_group
         self.quantile = quantile
+        self.headroom = float(headroom)
         self.window = window
         self.prefix = prefix
         params = [p for g in groups for p in g]
@@ -121,7 +136,8 @@ class AdaptiveGradClip:
         #: ``[tensors, elements]`` of gradient that held NaN or ±Inf, zeroed (int64, device).
         self.nonfinite = torch.zeros(2, dtype=torch.int64, device=self.device)
         self._one = torch.ones((), dtype=torch.int64, device=self.device)  # one norm per bound
-        #: Steps on which each bound clipped (int64 [num_bounds], on the device).
+        #: Steps on which each bound clipped (the norm above headroom x the bound; int64
+        #: [num_bounds], on the device).
         self.engaged = torch.zeros(self.num_bounds, dtype=torch.int64, device=self.device)
         self._group_index: dict[tuple[int, ...], torch.Tensor] = {}
         #: Sharded gradients (:meth:`trimtab.distributed.RankConsistent.attach_clip`): sums the
@@ -204,6 +220,7 @@ class AdaptiveGradClip:
                 q_level=self._ema._q_level, q_slope=self._ema._q_slope,
                 quantile=self.quantile, expected_rate=eng.expected_rate,
                 z_threshold=eng.z_threshold, floor=CLIP_BOUND_FLOOR, eps=NORM_EPS,
+                headroom=self.headroom,
             )  # fmt: skip
         else:
             scale, total = self._step_reference(norms, index)
@@ -244,11 +261,13 @@ class AdaptiveGradClip:
         slot = self.bound
         floor = torch.full((), CLIP_BOUND_FLOOR, device=self.device)
         bound = torch.where(torch.isnan(slot), math.inf, torch.fmax(slot, floor))
-        coef = (bound / (group_norm + NORM_EPS)).clamp(max=1.0)
+        clip_at = bound if self.headroom == 1.0 else bound * self.headroom
+        coef = (clip_at / (group_norm + NORM_EPS)).clamp(max=1.0)
         per_tensor = torch.where(finite, coef[index], 0.0)
 
-        engaged = group_norm > bound
-        self.engaged.add_(engaged.to(torch.int64))
+        engaged = group_norm > bound  # the test's exceedance: the norm above the bound
+        clipped = engaged if self.headroom == 1.0 else group_norm > clip_at
+        self.engaged.add_(clipped.to(torch.int64))
         self.engagement.observe(engaged.float(), self._one, group_norm, impl="torch")
         position = (self._count % self.window).reshape(1, 1).expand(self.num_bounds, 1)
         self._history.scatter_(1, position, torch.minimum(group_norm, bound)[:, None])

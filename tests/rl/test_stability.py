@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import random
 import re
 from dataclasses import replace
@@ -190,6 +191,15 @@ def test_bound_quantile_and_clamp_headroom_reach_every_adaptive_bound():
     b = s.bounds
     assert torch.equal(b.clamp_bound("trunk"), 3.0 * b.bound("trunk"))
     assert torch.equal(s.support()[1][0], b.read("targets"))  # the support has no headroom
-    for key, value in (("bound_quantile", 1.0), ("bound_quantile", 0.2), ("clamp_headroom", 0.9)):
+    for key, value in (("bound_quantile", 1.0), ("bound_quantile", 0.2), ("clamp_headroom", 0.9),
+                       ("clip_headroom", 0.5), ("clip_headroom", math.inf)):  # fmt: skip
         with pytest.raises(ValueError, match=key):
             tiny(Path("unused"), **{key: value})
+
+
+def test_clip_headroom_reaches_the_clip_and_is_refused_where_no_adaptive_clip_runs():
+    assert _learner(tiny(Path("unused"))).stability.clip.headroom == 1.0
+    assert _learner(tiny(Path("unused"), clip_headroom=2.0)).stability.clip.headroom == 2.0
+    for mode in ("fixed", "off"):
+        with pytest.raises(ValueError, match=r"clip_headroom=2\.0 applies to the adaptive"):
+            tiny(Path("unused"), stability=mode, clip_headroom=2.0)

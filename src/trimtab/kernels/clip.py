@@ -77,7 +77,7 @@ def _kth_smallest(a, finite, w, n, k, GP: tl.constexpr, TOP: tl.constexpr):
 @triton.jit
 def _clip_kernel(
     tab, norms, index, num_tensors, slot, scale_out, total_out, nonfinite, engaged_count,
-    history, count, num_bounds, window, floor, eps, q, p, z_threshold,
+    history, count, num_bounds, window, floor, eps, q, p, z_threshold, headroom,
     ENG: tl.constexpr, BOUND: tl.constexpr, TAIL: tl.constexpr,
     TP: tl.constexpr, GP: tl.constexpr, WP: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
@@ -99,12 +99,13 @@ def _clip_kernel(
     # The bound in force: unset (NaN) clips nothing; else fmax(slot, floor).
     sv = tl.load(slot + g, mask=gm, other=0.0)
     b = tl.where(sv != sv, float("inf"), tl.maximum(sv, floor))
-    coef = tl.minimum(b / (gn + eps), 1.0)
+    clip_at = b * headroom  # exact for headroom 1
+    coef = tl.minimum(clip_at / (gn + eps), 1.0)
     per = tl.sum(tl.where(member, coef[:, None], 0.0), axis=0)
     tl.store(scale_out + t, tl.where(fin, per, 0.0), mask=tm)
-    engaged = gm & (gn > b)
+    engaged = gm & (gn > b)  # the test's exceedance
     ec = tl.load(engaged_count + g, mask=gm, other=0)
-    tl.store(engaged_count + g, ec + engaged.to(tl.int64), mask=gm)
+    tl.store(engaged_count + g, ec + (gm & (gn > clip_at)).to(tl.int64), mask=gm)
     rate, top = _engagement_step(
         tab, ENG, TAIL, g, gm, engaged.to(tl.float64), tl.full([GP], 1.0, tl.float64), gn, gm,
         p, z_threshold, K, KP, META, TINY, DOF_MAX,
@@ -167,11 +168,13 @@ def clip_step_triton(
     z_threshold: float,
     floor: float,
     eps: float,
+    headroom: float = 1.0,
 ) -> None:
     """One launch of the clip's step (see the module docstring) for float32 ``norms`` ``[T]`` of
     the tensors of group ``index`` (int64 ``[T]``): writes the per-tensor scale into
     ``scale_out`` and the total norm into ``total_out``; updates the state tensors in place.
-    ``floor``: the bound's cold-start floor; ``eps``: added to the norm before dividing."""
+    ``floor``: the bound's cold-start floor; ``eps``: added to the norm before dividing;
+    ``headroom``: the clip binds at it times the bound (the test counts norms above the bound)."""
     if not (len(fraction) == len(bound_ema) == len(EMA_FIELDS + EMA_BANK)):
         raise ValueError("clip_step_triton: each estimator is EMA_FIELDS + EMA_BANK tensors")
     if len(engagement) != len(ENG_FIELDS):
@@ -182,7 +185,7 @@ def clip_step_triton(
     _clip_kernel[(1,)](
         table, norms, index, t, bound, scale_out, total_out, nonfinite,
         engaged, history, count, g, window,
-        floor, eps, quantile, expected_rate, z_threshold,
+        floor, eps, quantile, expected_rate, z_threshold, float(headroom),
         ENG=EMA_WIDTH, BOUND=EMA_WIDTH + len(ENG_FIELDS), TAIL=2 * EMA_WIDTH + len(ENG_FIELDS),
         TP=max(2, triton.next_power_of_2(t)), GP=max(2, triton.next_power_of_2(g)),
         WP=max(2, triton.next_power_of_2(window)), **consts(q_level.numel()), TOP=TOP_MAX,

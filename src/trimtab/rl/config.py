@@ -110,6 +110,11 @@ class RunConfig:
     # default: on excursions only, README "Where a clamp binds"); the support is the bound
     # itself, and the engagement test counts exceedances of the bound
     clamp_headroom: float = 2.0
+    # adaptive mode: the gradient clip binds at clip_headroom x its measured bound (1, the
+    # default: at the bound, about 1 - bound_quantile of steps clipped; > 1: on excursions
+    # only); its engagement test counts the norms above the bound either way. An ablation of
+    # the open question in README "Where a clamp binds"; refused in the other modes.
+    clip_headroom: float = 1.0
     # The guarded learn step captured in a CUDA graph and replayed per step (README: Speed on
     # the GPU): "auto" = on a CUDA device, eager on the CPU; "on" = capture (refused on the
     # CPU); "off" = eager everywhere. Same numbers either way (tested on the GPU).
@@ -130,6 +135,21 @@ class RunConfig:
             bad.append(
                 f"clamp_headroom={self.clamp_headroom} must be a finite number >= 1 (1: clamp "
                 "at the measured quantile; 2: at twice it)"
+            )
+        if isinstance(self.clip_headroom, bool) or not (
+            isinstance(self.clip_headroom, (int, float))
+            and math.isfinite(self.clip_headroom)
+            and self.clip_headroom >= 1.0
+        ):
+            bad.append(
+                f"clip_headroom={self.clip_headroom!r} must be a finite number >= 1 (1: clip at "
+                "the measured bound; 2: at twice it)"
+            )
+        elif self.clip_headroom != 1.0 and self.stability != "adaptive":
+            bad.append(
+                f"clip_headroom={self.clip_headroom} applies to the adaptive gradient clip; "
+                f"stability={self.stability!r} clips at a hand-set norm or not at all: set "
+                "stability='adaptive' or leave clip_headroom at 1"
             )
         if self.cuda_graph not in ("auto", "on", "off"):
             bad.append(f"cuda_graph={self.cuda_graph!r} must be 'auto', 'on' or 'off'")

@@ -110,6 +110,8 @@ class Stability:
     adaptive_clip: bool = False
     #: the quantile the AdaptiveGradClip estimates (run.bound_quantile)
     quantile: float = 0.99
+    #: where it clips: this times its bound (run.clip_headroom)
+    clip_headroom: float = 1.0
 
     @property
     def fingerprint(self) -> str:
@@ -120,7 +122,8 @@ class Stability:
         the sentinel's gradient, weight and moment slots."""
         params = list(net.parameters())
         if self.adaptive_clip:
-            self.clip = AdaptiveGradClip(params, quantile=self.quantile, state_vector=self.state)
+            self.clip = AdaptiveGradClip(params, quantile=self.quantile, state_vector=self.state,
+                                         headroom=self.clip_headroom)  # fmt: skip
         if self.mode == "fixed":
             self.clip = lambda ps: torch.nn.utils.clip_grad_norm_(ps, FIXED["grad_clip"])
             self.after_step = lambda: _clamp_weights(params, FIXED["weight_clamp"])
@@ -267,4 +270,5 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
         stab.fold = bounds.fold
     stab.adaptive_clip = on["grad_clip"]
     stab.quantile = cfg.run.bound_quantile
+    stab.clip_headroom = cfg.run.clip_headroom
     return stab
