@@ -350,3 +350,55 @@ def test_check_is_sync_free_and_graph_capturable():
     (f,) = s.report()
     assert (f.name, f.kind, f.step) == ("t2", "nan", 5)
     assert s.steps() == {"backward": 7}
+
+
+def test_host_rule_is_the_device_rule():
+    """The CPU's host-side "does anything fire?" (which lets a quiet check skip its record ops)
+    answers exactly what the records' own rule does, on awkward values and factors."""
+    from trimtab.sentinel_state import _first_firings, fires_on_host
+
+    gen = torch.Generator().manual_seed(3)
+    specials = [0.0, math.nan, math.inf, 1e-45, 3.4e38]
+    for _ in range(200):
+        k = int(torch.randint(1, 6, (1,), generator=gen))
+        thr = torch.rand(k, generator=gen) * 10
+        thr[torch.rand(k, generator=gen) < 0.2] = math.nan
+        factor = torch.tensor([(1.0, 1.5, 1e3, 1.1)[i % 4] for i in range(k)]).double()
+        powers = [1 + int(torch.rand(1, generator=gen) < 0.4) for _ in range(k)]  # some squared
+        squared = torch.tensor([p == 2 for p in powers])
+        edge = thr.double() * factor
+        edge = torch.where(squared, edge * edge, edge)  # exactly at the limit, or one ulp above
+        amax = torch.where(torch.rand(k, generator=gen) < 0.5, edge, edge.nextafter(edge + 1))
+        for i in range(k):
+            if torch.rand(1, generator=gen) < 0.3:
+                amax[i] = specials[int(torch.randint(len(specials), (1,), generator=gen))]
+        never = torch.zeros(k, dtype=torch.int64)  # no slot has fired before
+        zero = torch.zeros((), dtype=torch.int64)
+        first, _ = _first_firings(amax, zero, thr, factor, squared, never, zero)
+        assert fires_on_host(amax, thr, factor.tolist(), powers) == bool(first.any())
+
+
+def test_quiet_cpu_checks_skip_nothing(monkeypatch):
+    """A CPU check where nothing fires skips the record ops: the records, values and counters
+    are those of the full reference path over steps that fire and steps that do not."""
+    import trimtab.sentinel_state as ss
+
+    gen = torch.Generator().manual_seed(1)
+    thr = torch.tensor([4.0])
+    (quick, _), tensors = make_pair("cpu", thr, gen, grouped=True)
+    full = Sentinel("cpu", impl="torch")  # the same slots on the same tensors
+    for slot in quick._slots.values():
+        full.add(slot.name, slot.source, slot.rule, phase=slot.phase)
+    host_rule = ss.fires_on_host
+    for step in range(8):
+        if step % 3 == 2:
+            i = int(torch.randint(len(tensors), (1,), generator=gen))
+            sprinkle(tensors[i], gen, 1)
+        thr.fill_((4.0, 6.0, 2.0, math.nan, 5.0, 1.0, 3.0, 9.0)[step])
+        phase = (None, "forward", "backward", "optimizer")[step % 4]
+        quick.check(phase)
+        monkeypatch.setattr(ss, "fires_on_host", lambda *a: True)  # always the full path
+        full.check(phase)
+        monkeypatch.setattr(ss, "fires_on_host", host_rule)
+        assert_same_state(quick, full)
+    assert len(full.report()) > 2

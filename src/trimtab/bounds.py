@@ -321,7 +321,8 @@ class _BoundClampFn(torch.autograd.Function):
         if training:
             bounds.measure(bound, y)
         bounds.clamp_(bound, y, count=training)
-        ctx.save_for_backward(y == h)
+        if training:  # what backward reads; a forward that is not back-propagated needs none
+            ctx.save_for_backward(y == h)
         return y
 
     @staticmethod

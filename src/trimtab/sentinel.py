@@ -277,7 +277,7 @@ class Sentinel:
             ):
                 self._validate_tensor(s.name, t)
                 device = self._state.device
-            tensors.append(t.detach())
+            tensors.append(t)  # read without autograd (the reference under no_grad, the kernel)
             ids.append(s.index)
         # The kernel reads contiguous tensors only (the reference reads any layout): asked only
         # where the kernel would otherwise run, named only where it was asked for. The tensors

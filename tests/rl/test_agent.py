@@ -297,3 +297,22 @@ def test_acting_storing_sampling_and_loss_read_nothing_back_to_the_host(monkeypa
     replay.update_priorities(batch["indices"], info["priorities"])
     monkeypatch.undo()
     assert torch.isfinite(loss) and len(replay) > 0
+
+
+def test_atoms_follow_the_support():
+    """The atoms an agent reuses for an unchanged support are those of its current values: an
+    in-place change of the support, or a new support, gives freshly computed atoms."""
+    from trimtab.rl.losses import atoms
+
+    with Lifecycle():
+        agent = DQNAgent(2, [2, 3], SMALL)
+    lo, hi = torch.tensor([-10.0, -5.0]), torch.tensor([10.0, 5.0])
+    z = agent.atoms(lo, hi)
+    assert agent.atoms(lo, hi) is z  # unchanged: computed once
+    torch.testing.assert_close(z, atoms(lo, hi, SMALL.n_atoms), rtol=0, atol=0)
+    hi.mul_(2.0)  # written in place: its version moves
+    torch.testing.assert_close(agent.atoms(lo, hi), atoms(lo, hi, SMALL.n_atoms), rtol=0, atol=0)
+    lo2 = lo.clone()
+    lo2[0] = -1.0  # a new tensor
+    torch.testing.assert_close(agent.atoms(lo2, hi), atoms(lo2, hi, SMALL.n_atoms), rtol=0, atol=0)
+    assert not torch.equal(agent.atoms(lo2, hi), agent.atoms(lo, hi))

@@ -93,7 +93,8 @@ def test_atom_positions_have_one_writer():
         for node in ast.walk(ast.parse(src))
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "atoms"
     ]
-    assert set(calls) == {"agent.py", "learner.py"}, calls
+    assert set(calls) == {"agent.py"}, calls  # DQNAgent.atoms, which acting and learning call
+    assert "agent.atoms(*support)" in sources["learner.py"]
     # and the adaptive support reads its slot through the bounds' one read-with-floor helper
     assert 'b.read("targets")' in sources["stability.py"]
 

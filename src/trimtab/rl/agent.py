@@ -194,6 +194,7 @@ class DQNAgent:
         self._sizes = torch.tensor(self.branch_sizes, device=self.device)
         self.support_fn: SupportFn = support_fn if support_fn is not None else self.fixed_support
         self.num_updates = 0
+        self._z_memo: tuple[Tensor, Tensor, tuple[int, int], Tensor] | None = None
         active_lifecycle().register_target_sync(self.online, self.target, name="agent.target")
 
     def _make_network(self, trunk_out: nn.Module | None) -> BranchingQNetwork:
@@ -223,6 +224,23 @@ class DQNAgent:
             alpha=cfg.priority_alpha, beta=cfg.priority_beta,
         )  # fmt: skip
 
+    def atoms(self, v_min: Tensor, v_max: Tensor) -> Tensor:
+        """:func:`trimtab.rl.losses.atoms` of the support, ``[D, n_atoms]``. On the CPU it is
+        remembered while the support is the same two tensors, unmodified (their version
+        counters): the fixed support of ``off`` and ``fixed`` is spread into atoms once, not at
+        every act and learn step (8 ops, which a CPU pays in microseconds of dispatch each); a
+        measured support is a new pair per call, so it is computed each time. Elsewhere always
+        computed: a captured CUDA graph may hold the call. Callers never write into it."""
+        n = self.config.n_atoms
+        if self.device.type != "cpu" or v_min.is_inference() or v_max.is_inference():
+            return atoms(v_min, v_max, n)
+        memo, version = self._z_memo, (v_min._version, v_max._version)
+        if memo is not None and memo[0] is v_min and memo[1] is v_max and memo[2] == version:
+            return memo[3]
+        z = atoms(v_min, v_max, n)
+        self._z_memo = (v_min, v_max, version, z)
+        return z
+
     # --- acting ---------------------------------------------------------------------------
     def epsilon(self, step: int | Tensor) -> float | Tensor:
         """Linear ε schedule: ``eps_start`` at step 0 to ``eps_end`` at ``eps_decay_steps``.
@@ -240,7 +258,7 @@ class DQNAgent:
         """ε-greedy actions ``[E, D]`` for ``obs [E, obs_dim]``; each branch explores alone.
         ``step`` (ε's clock, env steps) may be a device tensor: no host read then either."""
         v_min, v_max = self.support_fn()
-        z = atoms(v_min, v_max, self.config.n_atoms)
+        z = self.atoms(v_min, v_max)
         with self.precision():
             q = self.online.q_values(self.online(obs).logits, z)
         action = q.argmax(dim=-1)
@@ -337,7 +355,7 @@ class DQNAgent:
         """The unguarded loss of one batch (no bound measured or applied): :meth:`predict`,
         :meth:`bellman_targets` and :meth:`loss` under the agent's precision."""
         support = self.support_fn()
-        z = atoms(*support, self.config.n_atoms)  # [D, N]
+        z = self.atoms(*support)  # [D, N]
         with self.precision():
             pred = self.predict(batch, z)
             targets = self.bellman_targets(batch, z)

@@ -16,7 +16,6 @@ from trimtab.rl.agent import DQNAgent
 from trimtab.rl.config import AUTOCAST_DTYPES, DEFAULT_CHECK_EVERY, RunConfig, TrainConfig
 from trimtab.rl.configio import ConfigError
 from trimtab.rl.graphed import Beside, CapturedStep
-from trimtab.rl.losses import atoms
 from trimtab.rl.replay import ReplayBuffer
 from trimtab.rl.stability import Stability, build_stability
 
@@ -132,7 +131,7 @@ class Learner:
         agent, s = self.agent, self.stability
         s.checks.batch(batch, self.policy)  # stability: sentinel "batch" first; skip/sanitize
         support = s.support()  # stability: the C51 support (adaptive: ±measured target bound)
-        z = atoms(*support, agent.config.n_atoms)
+        z = agent.atoms(*support)
         with agent.precision():
             pred = agent.predict(batch, z)  # stability: the trunk clamp is a layer of the net
             targets = agent.bellman_targets(batch, z)

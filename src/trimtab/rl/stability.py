@@ -208,10 +208,21 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
     if bounds is not None:
         b = bounds
         if on["support"]:
+            # On the CPU the pair is remembered while what it reads (the slot, a view of the
+            # state vector, and this step's measurement) is unwritten, by their version
+            # counters: an act between two learn steps reuses it, and the agent then reuses
+            # its atoms (DQNAgent.atoms). Elsewhere a captured CUDA graph may hold the read.
+            held: list[Any] = []
 
             def support() -> tuple[Tensor, Tensor]:
+                key = (b.values._version, b._obs._version)
+                if held and held[0] == key:
+                    return held[1]
                 hi = b.read("targets").expand(n_branches)
-                return -hi, hi
+                pair = (-hi, hi)
+                if device.type == "cpu":
+                    held[:] = [key, pair]
+                return pair
 
         if "targets" in measured and on["target_clamp"]:
 
