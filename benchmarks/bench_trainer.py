@@ -46,6 +46,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def mode_config(cfg: TrainConfig, mode: str, device: torch.device, cuda_graph: str) -> TrainConfig:
+    """``cfg`` in stability ``mode`` on ``device``, the learn step captured or not."""
+    return replace(cfg, run=replace(cfg.run, stability=mode, device=str(device),
+                                    cuda_graph=cuda_graph))  # fmt: skip
+
+
 def build(cfg: TrainConfig, device: torch.device) -> tuple[Any, ...]:
     market = load_market(cfg)
     fold = make_folds(market.n_days, cfg)[0]
@@ -181,9 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         steps = 5
     modes = ("off", "fixed", "adaptive")
     graphs = ("off", "on") if device.type == "cuda" else ("off",)
-    cfgs = {(m, g): replace(cfg, run=replace(cfg.run, stability=m, device=str(device),
-                                             cuda_graph=g))
-            for g in graphs for m in modes}  # fmt: skip
+    cfgs = {(m, g): mode_config(cfg, m, device, g) for g in graphs for m in modes}
     measured = measure_all(cfgs, device, steps, 2 if args.quick else args.rounds)
     rows = {m: measured[(m, "off")] for m in modes}
     captured = {m: measured[(m, "on")] for m in modes if (m, "on") in measured}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +51,9 @@ def build(mode: str, setting: dict[str, int]) -> dict[str, Any]:
         mod, attr = KNOBS[k]
         setattr(mod, attr, v)
     try:
-        base = TrainConfig()
-        cfg = replace(base, run=replace(base.run, stability=mode, device="cuda", cuda_graph="on"))
-        return bench_trainer.prepare(cfg, torch.device("cuda"))
+        device = torch.device("cuda")
+        cfg = bench_trainer.mode_config(TrainConfig(), mode, device, "on")
+        return bench_trainer.prepare(cfg, device)
     finally:
         for k, (mod, attr) in KNOBS.items():
             setattr(mod, attr, defaults[k])

@@ -15,7 +15,6 @@ import argparse
 import functools
 import sys
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for mode in args.modes:
         out: dict[str, Any] = {}
         for graph in ("on", "off"):
-            cfg = replace(base, run=replace(base.run, stability=mode, device="cuda",
-                                            cuda_graph=graph))  # fmt: skip
+            cfg = bench_trainer.mode_config(base, mode, device, graph)
             m = bench_trainer.prepare(cfg, device)
             learner = m["learner"]
             if graph == "on":

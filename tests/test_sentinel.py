@@ -364,8 +364,8 @@ def test_host_rule_is_the_device_rule():
         thr = torch.rand(k, generator=gen) * 10
         thr[torch.rand(k, generator=gen) < 0.2] = math.nan
         factor = torch.tensor([(1.0, 1.5, 1e3, 1.1)[i % 4] for i in range(k)]).double()
-        powers = [1 + int(torch.rand(1, generator=gen) < 0.4) for _ in range(k)]  # some squared
-        squared = torch.tensor([p == 2 for p in powers])
+        squares = [bool(torch.rand(1, generator=gen) < 0.4) for _ in range(k)]  # some squared
+        squared = torch.tensor(squares)
         edge = thr.double() * factor
         edge = torch.where(squared, edge * edge, edge)  # exactly at the limit, or one ulp above
         amax = torch.where(torch.rand(k, generator=gen) < 0.5, edge, edge.nextafter(edge + 1))
@@ -375,7 +375,7 @@ def test_host_rule_is_the_device_rule():
         never = torch.zeros(k, dtype=torch.int64)  # no slot has fired before
         zero = torch.zeros((), dtype=torch.int64)
         first, _ = _first_firings(amax, zero, thr, factor, squared, never, zero)
-        assert fires_on_host(amax, thr, factor.tolist(), powers) == bool(first.any())
+        assert fires_on_host(amax, thr, factor.tolist(), squares) == bool(first.any())
 
 
 def test_quiet_cpu_checks_skip_nothing(monkeypatch):

@@ -56,8 +56,8 @@ class Launch:
     value: torch.Tensor | None
     #: ``factor`` as host floats (the same float64 values), for :func:`fires_on_host`.
     factors: tuple[float, ...] = ()
-    #: each slot's power (1, or 2: the threshold squared), for :func:`fires_on_host`.
-    powers: tuple[int, ...] = ()
+    #: ``squared`` as host bools, for :func:`fires_on_host`.
+    squares: tuple[bool, ...] = ()
 
 
 class SentinelState:
@@ -182,7 +182,7 @@ class SentinelState:
             rec=None if span is None else t["rec"][:, span[0] : span[1]],
             value=None if span is None else t["value"][span[0] : span[1]],
             factors=tuple(factor.tolist()),
-            powers=tuple(2 if q else 1 for q in squared),
+            squares=tuple(squared),
         )
         self._launches[key] = launch
         return launch
@@ -285,20 +285,20 @@ def _first_firings(
 
 
 def fires_on_host(
-    amax: torch.Tensor, thr: torch.Tensor, factors: Sequence[float], powers: Sequence[int]
+    amax: torch.Tensor, thr: torch.Tensor, factors: Sequence[float], squares: Sequence[bool]
 ) -> bool:
     """Whether any of ``k`` slots fires (:func:`_first_firings`' rule, the same float64
-    arithmetic: a float32 threshold and a max |x| are exact as Python floats, and a power-2
+    arithmetic: a float32 threshold and a max |x| are exact as Python floats, and a squared
     slot's threshold is squared as ``t * t``), read on the host. For CPU tensors only, where a
     read waits for nothing: a check where nothing fires (every check of a healthy run) then
     skips the record ops, which would write nothing."""
 
-    def fires(x: float, t: float, f: float, p: int) -> bool:
+    def fires(x: float, t: float, f: float, sq: bool) -> bool:
         b = t * f
-        return not x < math.inf or x > (b * b if p == 2 else b)
+        return not x < math.inf or x > (b * b if sq else b)
 
     a, t = amax.tolist(), thr.tolist()
-    return any(fires(*row) for row in zip(a, t, factors, powers, strict=True))
+    return any(fires(*row) for row in zip(a, t, factors, squares, strict=True))
 
 
 def record_reference(
@@ -316,7 +316,7 @@ def record_reference(
     No sync."""
     rec, value = state["rec"], state["value"]
     if rec.device.type == "cpu" and not fires_on_host(
-        amax, thr.expand_as(amax), factor.tolist(), [2 if q else 1 for q in squared.tolist()]
+        amax, thr.expand_as(amax), factor.tolist(), squared.tolist()
     ):
         return  # nothing fires: no record changes (the CPU reads it without a sync)
     prev = rec.index_select(1, index)
@@ -337,7 +337,7 @@ def check_reference(
     consecutive: a check of one phase of slots added phase by phase)."""
     amax = abs_max_many(tensors)
     thr = torch.stack(list(thresholds))
-    if amax.device.type == "cpu" and not fires_on_host(amax, thr, launch.factors, launch.powers):
+    if amax.device.type == "cpu" and not fires_on_host(amax, thr, launch.factors, launch.squares):
         # On the CPU a read syncs with nothing: a check where no slot fires (every check of a
         # healthy run) writes no record, so it skips the ~15 record ops (identities then).
         state["counters"].add_(launch.inc)

@@ -136,11 +136,7 @@ class RunConfig:
                 f"clamp_headroom={self.clamp_headroom} must be a finite number >= 1 (1: clamp "
                 "at the measured quantile; 2: at twice it)"
             )
-        if isinstance(self.clip_headroom, bool) or not (
-            isinstance(self.clip_headroom, (int, float))
-            and math.isfinite(self.clip_headroom)
-            and self.clip_headroom >= 1.0
-        ):
+        if not (math.isfinite(self.clip_headroom) and self.clip_headroom >= 1.0):
             bad.append(
                 f"clip_headroom={self.clip_headroom!r} must be a finite number >= 1 (1: clip at "
                 "the measured bound; 2: at twice it)"
