@@ -10,6 +10,8 @@ Without ``--variant`` one variant runs: ``default`` (no override: on CUDA the GP
 agent.batch_size=64`` adds the CPU's defaults on the same device, the sample-efficiency
 comparison of README "Defaults on a GPU". Wall time is the whole process's (start-up, CUDA
 initialisation and the report included) and ``train_s`` the training loop's (summary.json);
+``timings`` splits the wall time (summary.json's ``timings``: set-up, loop, report; ``start_s``
+the rest: interpreter start-up and imports);
 runs that share the device at once (``--jobs`` > 1) slow each other, so the target
 (<= 30 s on the H200) is read from a run alone (``--jobs 1``). Per variant: the mean fold Sharpe
 over seeds (mean ± standard error of each seed's mean over folds) and the folds that beat buy &
@@ -60,6 +62,9 @@ def run_one(
     folds = [{k: f.get(k) for k in keys} for f in s["folds"]]
     row.update(train_s=s["seconds"], updates=s["updates"], env_steps=s["env_steps"],
                halted=s["halted"], folds=folds)  # fmt: skip
+    parts = s.get("timings", {})  # the process's wall time by part; the rest: start-up, imports
+    if parts:
+        row["timings"] = {**parts, "start_s": row["wall_s"] - sum(parts.values())}
     cfg = (out / "config.toml").read_text()
     row["n_envs_batch"] = [ln for ln in cfg.splitlines() if ln.startswith(("n_envs", "batch_size"))]
     sharpes = [f["sharpe"] for f in folds if f["sharpe"] is not None]
@@ -120,6 +125,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r.get('train_s', float('nan')):6.1f} s, mean fold Sharpe "
               f"{'-' if sharpe is None else format(sharpe, '+.2f')}, folds beating B&H "
               f"{r.get('beats_buy_hold')}{failed}", flush=True)  # fmt: skip
+        if r.get("timings"):
+            print("    " + ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items()))
     agg = aggregate(rows)
     for name, a in agg.items():
         print(f"{name}: {a}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -84,6 +85,7 @@ def train(
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
     if ranks is not None:  # rank 0's default name (it holds the time) for every rank
         cfg = replace(cfg, run=replace(cfg.run, out=ranks.out(cfg.run.out)))
+    entered = time.perf_counter()  # summary["timings"]: where a run's wall time goes
     device = resolve_device(cfg.run.device)
     torch.set_num_threads(cfg.run.threads)
     adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
@@ -92,7 +94,9 @@ def train(
     # locked until this run ends (several processes: by rank 0)
     run_dir, lock = prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
     try:
-        return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks)
+        return _run(
+            cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks, entered
+        )
     except KeyboardInterrupt as e:  # before the loop (setting up): say where, and what next
         if isinstance(e, RunInterrupted):
             raise
@@ -114,6 +118,7 @@ def _run(
     stop_after: int | None,
     setup: Callable[[Learner], None] | None,
     ranks: Ranks | None,
+    entered: float,
 ) -> dict[str, Any]:
     main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
@@ -144,6 +149,7 @@ def _run(
             fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
             fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
     halted: str | None = None
+    looping = time.perf_counter()
     try:
         while prog.fold < adapter.n_folds:
             if prog.fold_step == 0 and prog.env_steps == 0 and prog.fold > 0:
@@ -198,10 +204,18 @@ def _run(
     }
     if ranks is not None:  # env steps and updates above are per rank (rank 0's envs)
         summary["world_size"] = ranks.world_size
+    # This process's wall time by part: data and env, the learner (CUDA set-up included) and
+    # the run directory; the loop (training, evaluation, checkpoints); the report. What it
+    # spent before train() (interpreter, imports) is the rest of its wall time.
+    timings = {"setup_s": looping - entered, "loop_s": time.perf_counter() - looping}
+    summary["timings"] = {k: round(v, 2) for k, v in timings.items()}
     if main:
         ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
         ckpt.atomic_write_json(run_dir / "summary.json", summary)
+        t0 = time.perf_counter()
         build_report(run_dir)
+        summary["timings"]["report_s"] = round(time.perf_counter() - t0, 2)
+        ckpt.atomic_write_json(run_dir / "summary.json", summary)
     if halted:
         raise TrainingHalted(halted)
     return summary
