@@ -108,6 +108,24 @@ def test_weight_clamp_holds_every_weight_within_the_bound_in_force():
     assert opt.engagement.engaged_total.item() > 0
 
 
+def test_weight_headroom_clamps_at_a_multiple_of_the_bound_and_counts_its_exceedances():
+    torch.manual_seed(0)
+    w = torch.randn(2000, requires_grad=True)
+    opt = topt.Adam([w], lr=0.05, weight_decay=0.0, weight_headroom=2.0)
+    past = 0
+    for _ in range(20):
+        bound = ref.coefficients(opt._slot_views[0], topt.WEIGHT_BOUND_FLOOR)[2].clone()
+        w.grad = torch.randn(2000) - 0.5 * torch.sign(w.detach())  # an outward push, plus noise
+        opt.step()
+        assert w.detach().abs().max() <= 2.0 * bound
+        past += int((w.detach().abs() > bound).sum())
+    assert past > 0  # weights between the bound and twice it stay
+    assert opt.engagement.engaged_total.item() > 0  # the test counts the bound's exceedances
+    for bad in (0.5, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match="weight_headroom must be a finite number >= 1"):
+            topt.Adam([w], weight_headroom=bad)
+
+
 def test_state_dict_carries_the_fingerprint_and_a_mismatch_refuses_to_load():
     ps = make_params(torch.float32)
     opt = topt.Adam(ps)

@@ -79,11 +79,12 @@ def _group_step(impl, ws, gs, ms, vs, steps, wk, *, features, lr, skip=None, **k
     )  # fmt: skip
 
 
-def _run(device, impl, *, features, wk=None, seed=0, nonfinite=False, lr=1e-2, shapes=SHAPES):
+def _run(device, impl, *, features, wk=None, seed=0, nonfinite=False, lr=1e-2, shapes=SHAPES,
+         **kw):  # fmt: skip
     ws, gs, ms, vs = _state(device, seed, nonfinite, shapes)
     steps = [torch.tensor(3.0, device=device) for _ in shapes]
     wk = Workspace(device) if wk is None else wk
-    _group_step(impl, ws, gs, ms, vs, steps, wk, features=features, lr=lr)
+    _group_step(impl, ws, gs, ms, vs, steps, wk, features=features, lr=lr, **kw)
     assert all(s.item() == 3.0 for s in steps)  # read as step + 1; the finalize steps them
     return ws, ms, vs, wk
 
@@ -132,6 +133,19 @@ def test_kernel_step_matches_reference(kernel_device, features):
     if not features:  # no clamp: the weights are the quantile's |w|
         exact = ref_quantile(torch.cat([w.reshape(-1) for w in ws]))
         assert q <= exact and q >= 0.5 * exact
+
+
+def test_kernel_step_with_headroom_matches_reference(kernel_device):
+    """Headroom 2: the clamp binds at twice the bound (1.5), and the engagement count is the
+    bound's exceedances, in the kernel as in the reference."""
+    ws, ms, vs, wr = _run(kernel_device, "torch", features=True, nonfinite=True, headroom=2.0)
+    kw, km, kv, wk = _run(kernel_device, "triton", features=True, nonfinite=True, headroom=2.0)
+    for a, b in zip(ws + ms + vs, kw + km + kv):
+        torch.testing.assert_close(b, a, rtol=2e-5, atol=1e-6, equal_nan=True)
+    _check_stats(wk, wr, True)
+    flat = torch.cat([w.reshape(-1) for w in ws]).abs()
+    assert flat[torch.isfinite(flat)].max() == 3.0  # the Inf weight, clamped at 2 x 1.5
+    assert ((flat > 1.5) & (flat < 3.0)).any()  # weights past the bound but not cut
 
 
 def ref_quantile(x, q=0.99):

@@ -34,7 +34,8 @@ def _state(dtype, seed=0):
 
 
 def _steps(
-    impl, dtype, *, capturable, features, uniform, stride, skip_at=None, scale=None, equal=False
+    impl, dtype, *, capturable, features, uniform, stride, skip_at=None, scale=None, equal=False,
+    headroom=1.0,
 ):
     """Six group steps by ``impl`` from the same state; returns the tensors and, per step, the
     reduced workspace row, the histograms and the quantiles. ``equal``: tell the multi-tensor
@@ -60,7 +61,7 @@ def _steps(
             l1_params=[features and w.dim() >= 2 for w in ws], clamp=features, stats=True,
             floor=topt.WEIGHT_BOUND_FLOOR, capturable=capturable, stride=stride,
             skip=None if skip_at is None else torch.tensor(float(k == skip_at)),
-            grad_scale=scale, **extra,
+            grad_scale=scale, headroom=headroom, **extra,
         )  # fmt: skip
         q, nxt = lay.window_quantiles_reference(ints, sel, 0.99)
         seen.append((lay.parts_reference(parts)[0].clone(), ints.clone(), q.clone()))
@@ -99,6 +100,24 @@ def test_group_step_matches_the_reference(dtype, capturable, uniform, features):
         assert torch.equal(ia, ib) and torch.equal(qa, qb)
     if features:
         assert a_seen[0][0][ref.ENGAGED] > 0 and a_seen[0][0][ref.SUM_L1_W] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_group_step_with_headroom_matches_the_reference(dtype):
+    """Headroom 2: both clamp at twice the bound and count the bound's exceedances."""
+    kw = dict(capturable=True, features=True, uniform=True, stride=1, headroom=2.0)
+    a, a_seen = _steps("torch", dtype, **kw)
+    b, b_seen = _steps("foreach", dtype, **kw)
+    tol = dict(rtol=1e-12, atol=1e-14) if dtype == torch.float64 else dict(rtol=2e-6, atol=1e-7)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y, x, equal_nan=True, **tol)
+    for (sa, ia, qa), (sb, ib, qb) in zip(a_seen, b_seen):
+        assert torch.equal(sa[ref.ENGAGED], sb[ref.ENGAGED]), (sa, sb)
+        assert torch.equal(ia, ib) and torch.equal(qa, qb)
+    weights = torch.cat([w.reshape(-1) for w in a[: len(SHAPES)]]).abs()
+    assert weights.max() <= 3.0 and ((weights > 1.5) & (weights < 3.0)).any()
+    # the count is of |w| > 1.5 (the bound), more than the clamp's own engagements
+    assert a_seen[0][0][ref.ENGAGED] > 1
 
 
 def test_group_of_zero_size_tensors_and_a_default_stride():

@@ -154,6 +154,7 @@ def _adam_kernel(
     log2_beta2,
     eps,
     decay_factor,  # 1 - lr * weight_decay for a fixed rate (ignored with AUTO)
+    headroom,  # the clamp binds at headroom x the bound; engagements count |w| > the bound
     AUTO: tl.constexpr,
     STATS: tl.constexpr,
     L1: tl.constexpr,
@@ -245,8 +246,8 @@ def _adam_kernel(
                  acc_vh) = _chunk(
                     wp, gp, mp, vp, offs, n, True, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
-                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2,
-                    eps, ints, sel, inv_scale,
+                    acc_vh, decay_factor, thr, bound, headroom, bc1, bc2_sqrt, inv_bc2, lr,
+                    beta1, beta2, eps, ints, sel, inv_scale,
                     STATS, L1, CLAMP, UNSCALE, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET,
                     WINDOW_OFFSET,
                 )  # fmt: skip
@@ -257,8 +258,8 @@ def _adam_kernel(
                  acc_vh) = _chunk(
                     wp, gp, mp, vp, offs, n, False, (chunk0 + c // SUB) % stride == 0, prox,
                     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg,
-                    acc_vh, decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2,
-                    eps, ints, sel, inv_scale,
+                    acc_vh, decay_factor, thr, bound, headroom, bc1, bc2_sqrt, inv_bc2, lr,
+                    beta1, beta2, eps, ints, sel, inv_scale,
                     STATS, L1, CLAMP, UNSCALE, BINS, CSHIFT, FSHIFT, UNDER, HIST_OFFSET,
                     WINDOW_OFFSET,
                 )  # fmt: skip
@@ -291,8 +292,8 @@ def _adam_kernel(
 def _chunk(
     wp, gp, mp, vp, offs, n, FULL: tl.constexpr, sampled, prox,
     acc_wu, acc_ww, acc_uu, acc_au, acc_l1, acc_eng, acc_max, acc_fin, acc_gg, acc_vh,
-    decay_factor, thr, bound, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2, eps, ints, sel,
-    inv_scale, STATS: tl.constexpr, L1: tl.constexpr, CLAMP: tl.constexpr,
+    decay_factor, thr, bound, headroom, bc1, bc2_sqrt, inv_bc2, lr, beta1, beta2, eps, ints,
+    sel, inv_scale, STATS: tl.constexpr, L1: tl.constexpr, CLAMP: tl.constexpr,
     UNSCALE: tl.constexpr, BINS: tl.constexpr,
     CSHIFT: tl.constexpr, FSHIFT: tl.constexpr, UNDER: tl.constexpr,
     HIST_OFFSET: tl.constexpr, WINDOW_OFFSET: tl.constexpr,
@@ -323,8 +324,10 @@ def _chunk(
     a = tl.abs(w_new)
     w_out = w_new
     if CLAMP:
-        over = a > bound  # False for NaN: the clamp never hides a non-finite weight
-        w_out = tl.where(over, tl.where(w_new > 0, bound, -bound), w_new)
+        over = a > bound  # the engagement test's count: exceedances of the bound
+        cut = bound * headroom  # where the clamp binds (inf stays inf)
+        # False for NaN: the clamp never hides a non-finite weight
+        w_out = tl.where(a > cut, tl.where(w_new > 0, cut, -cut), w_new)
     if FULL:
         tl.store(wp + offs, w_out)
         tl.store(mp + offs, m)
@@ -457,6 +460,7 @@ def adam_group_step_triton(
     capturable: bool = True,
     stride: int | None = None,
     per_program: int | None = None,
+    headroom: float = 1.0,
 ) -> None:
     """Launch the fused step for one group: the signature, and the results, of its reference
     :func:`trimtab.optim._reference.adam_group_step_reference` (float32 contiguous parameters
@@ -493,7 +497,7 @@ def adam_group_step_triton(
         math.log2(beta1) if beta1 > 0 else -math.inf,
         math.log2(beta2) if beta2 > 0 else -math.inf,
         float(eps),
-        1.0 - lr * weight_decay if weight_decay is not None else 1.0,
+        1.0 - lr * weight_decay if weight_decay is not None else 1.0, float(headroom),
         AUTO=weight_decay is None, STATS=stats, L1=l1, CLAMP=clamp,
         SKIP=skip is not None, UNSCALE=grad_scale is not None, BLOCK=BLOCK, SUB=SUB,
         BINS=BINS, CSHIFT=COARSE_SHIFT, FSHIFT=FINE_SHIFT, UNDER=INT_UNDER,

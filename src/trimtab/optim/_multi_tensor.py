@@ -207,6 +207,7 @@ def adam_group_step_multi_tensor(
     stride: int | None = None,
     equal_steps: bool = False,
     cache: OrderedDict | None = None,
+    headroom: float = 1.0,
 ) -> None:
     """One Adam(W) step of one parameter group and its statistics, as
     :func:`~trimtab.optim._reference.adam_group_step_reference` (the same arguments and
@@ -312,12 +313,15 @@ def adam_group_step_multi_tensor(
 
     # w now holds |w''|'s signed weights (after the update and L1, before the clamp).
     new = w
-    if clamp:  # = the reference's where(|w| > b, sign(w) b, w): NaN kept, ±Inf to ±b
+    if clamp:  # = the reference's where(|w| > hb, sign(w) hb, w): NaN kept, ±Inf to ±hb
         b = bound_c.to(dtype)
+        cut = b if headroom == 1.0 else (bound_c * headroom).to(dtype)
         # two passes: one clamp(w, -b, b) with tensor bounds is 4x slower on the CPU
-        new = torch.clamp_min(w, b.neg(), out=t).clamp_max_(b)
+        new = torch.clamp_min(w, cut.neg(), out=t).clamp_max_(cut)
     if stats:
-        _count_and_max(L, row, new if clamp else None, b if clamp else None)
+        # the engagements are the bound's exceedances (the clamp's own at headroom 1)
+        at_b = new if headroom == 1.0 or not clamp else torch.clamp_min(w, b.neg()).clamp_max_(b)
+        _count_and_max(L, row, at_b if clamp else None, b if clamp else None)
         _histograms(L, work)
     if select:
         torch.where(skip, w0, new, out=new)

@@ -96,6 +96,7 @@ def adam_group_step_reference(
     grad_scale: torch.Tensor | None = None,
     capturable: bool = True,
     stride: int | None = None,
+    headroom: float = 1.0,
 ) -> None:
     r"""One Adam(W) step of one parameter group, in place, and its statistics into ``work``.
 
@@ -108,8 +109,8 @@ def adam_group_step_reference(
         w' &= w (1 - \eta\lambda) - \eta u \qquad \text{(decoupled decay, AdamW)} \\
         w'' &= \operatorname{sign}(w') \max(|w'| - \eta \lambda_1, 0) \qquad
         \text{(L1 prox, params in } l1\_params) \\
-        w''' &= \operatorname{clamp}(w'', -b, b) \qquad \text{(weight clamp, } b = \infty
-        \text{ when off)}
+        w''' &= \operatorname{clamp}(w'', -h b, h b) \qquad \text{(weight clamp, } b = \infty
+        \text{ when off; } h \text{ the headroom)}
 
     The signature and the results of the kernel launcher
     :func:`trimtab.kernels.optim.adam_group_step_triton`. ``weight_decay`` is a float (fixed,
@@ -120,6 +121,9 @@ def adam_group_step_reference(
     multiplied by its reciprocal first. ``capturable``: the bias corrections are computed on
     the device (else from the CPU step counter, as ``torch.optim.AdamW``). ``stride``: the
     sampling stride (default :func:`~trimtab.kernels.optim_layout.sample_stride`).
+    ``headroom`` (>= 1): the clamp binds at ``headroom`` times the bound ``b``, while the
+    engagement count stays that of ``|w''| > b``, the bound's exceedances (what the engagement
+    test expects at the rate ``1 - q``).
 
     With ``stats`` it writes the workspace (:mod:`trimtab.kernels.optim_layout`) as the kernel
     does: row 0 of ``parts`` holds ``Σ w·u``, ``Σ w²``, ``Σ u²``, ``Σ |u|``, ``Σ |w|`` over the
@@ -220,7 +224,7 @@ def adam_group_step_reference(
             if clamp:
                 engaged += (finite & (a > bound_c.to(a.dtype))).sum()
         if clamp:
-            b = bound_c.to(param.dtype)
+            b = (bound_c * headroom).to(param.dtype)
             new.copy_(torch.where(a > b, new.sign() * b, new))
         if skip is not None:
             _assign(param, new, skip)

@@ -115,6 +115,11 @@ class RunConfig:
     # only); its engagement test counts the norms above the bound either way. An ablation of
     # the open question in README "Where a clamp binds"; refused in the other modes.
     clip_headroom: float = 1.0
+    # adaptive mode: Adam's weight clamp binds at weight_headroom x the group's measured p99
+    # |w| (2, the default: on excursions only; 1: at the p99, cutting the top 1% of the
+    # weights every step, which held CartPole's C51 loss up: README "Where a clamp binds");
+    # its engagement test counts the weights above the bound either way; refused elsewhere
+    weight_headroom: float = 2.0
     # The guarded learn step captured in a CUDA graph and replayed per step (README: Speed on
     # the GPU): "auto" = on a CUDA device, eager on the CPU; "on" = capture (refused on the
     # CPU); "off" = eager everywhere. Same numbers either way (tested on the GPU).
@@ -146,6 +151,17 @@ class RunConfig:
                 f"clip_headroom={self.clip_headroom} applies to the adaptive gradient clip; "
                 f"stability={self.stability!r} clips at a hand-set norm or not at all: set "
                 "stability='adaptive' or leave clip_headroom at 1"
+            )
+        if not (math.isfinite(self.weight_headroom) and self.weight_headroom >= 1.0):
+            bad.append(
+                f"weight_headroom={self.weight_headroom!r} must be a finite number >= 1 (1: "
+                "clamp the weights at their measured p99; 2: at twice it)"
+            )
+        elif self.weight_headroom != 2.0 and self.stability != "adaptive":
+            bad.append(
+                f"weight_headroom={self.weight_headroom} applies to the adaptive weight clamp; "
+                f"stability={self.stability!r} clamps weights at a hand-set bound or not at "
+                "all: set stability='adaptive' or leave weight_headroom at 2"
             )
         if self.cuda_graph not in ("auto", "on", "off"):
             bad.append(f"cuda_graph={self.cuda_graph!r} must be 'auto', 'on' or 'off'")

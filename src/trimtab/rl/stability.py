@@ -260,8 +260,8 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
         if mode == "adaptive":
             groups[0]["weight_decay"] = "auto" if on["decay"] else 0.0
             return Adam(groups, lr=lr, eps=eps, weight_clamp=on["weight_clamp"],
-                        quantile=cfg.run.bound_quantile, state_vector=state,
-                        capturable=True)  # fmt: skip
+                        quantile=cfg.run.bound_quantile, state_vector=state, capturable=True,
+                        weight_headroom=cfg.run.weight_headroom)  # fmt: skip
         if mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is after_step
             return Adam(groups, lr=lr, eps=eps, weight_decay=0.0, weight_clamp=False,
                         state_vector=state, capturable=True)  # fmt: skip
