@@ -61,7 +61,8 @@ def engagement(run_dir: Path) -> dict[str, Any]:
         out["checkpoint_step"] = state["progress"]["global_step"]
         cfg = state["config"]["run"]
         out["config"] = {k: cfg.get(k) for k in ("stability", "seed", "ablate", "bound_quantile",
-                                                  "clamp_headroom", "clip_headroom")}  # fmt: skip
+                                                  "clamp_headroom", "clip_headroom",
+                                                  "weight_headroom")}  # fmt: skip
         if stab.get("bounds"):
             eng = stab["bounds"]["engagement"]
             out["bounds"] = dict(zip(stab["bounds"]["names"],
