@@ -63,8 +63,10 @@ def measure(config: Path, headroom: float, seed: int, sets: list[str]) -> dict[s
             'run.device="cpu"', "run.progress=false", f'run.out="{tmp}/run"',
             'run.stability="adaptive"', f"run.seed={seed}", f"run.weight_headroom={headroom}",
             "gym.total_steps=30000", "gym.eval_episodes=5", *sets])  # fmt: skip
-        summary = train(from_dict(TrainConfig, data),
-                        setup=lambda learner: counter(learner.agent.optimizer, headroom, tally))
+        summary = train(
+            from_dict(TrainConfig, data),
+            setup=lambda learner: counter(learner.agent.optimizer, headroom, tally),
+        )
     frac = {k: [tally[k][g] / tally["seen"][g] if tally["seen"][g] else None for g in (0, 1)]
             for k in ("clamped", "above")}  # fmt: skip
     return {"headroom": headroom, "seed": seed, "updates": summary["updates"],

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import cartpole  # noqa: E402
+import cartpole
 
 
 def test_variants_aggregate_apart_and_solved_counts_per_arm():

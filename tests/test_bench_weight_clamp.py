@@ -10,7 +10,7 @@ import torch
 import trimtab.optim as topt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import weight_clamp_binding as wcb  # noqa: E402
+import weight_clamp_binding as wcb
 
 
 def _tally(headroom: float) -> dict[str, list[int]]:

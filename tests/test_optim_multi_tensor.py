@@ -34,7 +34,16 @@ def _state(dtype, seed=0):
 
 
 def _steps(
-    impl, dtype, *, capturable, features, uniform, stride, skip_at=None, scale=None, equal=False,
+    impl,
+    dtype,
+    *,
+    capturable,
+    features,
+    uniform,
+    stride,
+    skip_at=None,
+    scale=None,
+    equal=False,
     headroom=1.0,
 ):
     """Six group steps by ``impl`` from the same state; returns the tensors and, per step, the

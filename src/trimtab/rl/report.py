@@ -64,8 +64,16 @@ def _figure(**kwargs: Any) -> Any:
     return Figure(**kwargs)
 
 
-def _margins(fig: Any, *, left: float, right: float, top: float, bottom: float,
-             wspace: float = 0.0, hspace: float = 0.0) -> None:
+def _margins(
+    fig: Any,
+    *,
+    left: float,
+    right: float,
+    top: float,
+    bottom: float,
+    wspace: float = 0.0,
+    hspace: float = 0.0,
+) -> None:
     """Fixed margins, in inches (the figure's fractions follow from its size): the room the
     labels and titles need, set once; ``tight_layout`` would measure every text to find it
     (a third of the report's time)."""
