@@ -65,6 +65,41 @@ def test_one_fold_a_step_is_each_buffers_fold_after_its_check(tmp_path):
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, equal_nan=True, msg=k)
 
 
+def test_gradients_are_checked_against_the_largest_clip_bound_this_fold(tmp_path):
+    """The clip bound follows the gradients down once a task is learned (CartPole: 0.25 early,
+    1.4e-4 near the end), and a healthy 0.138 gradient then fired 1e3 x the bound (a halt at
+    reward scale 1000). The threshold multiplies the largest bound this fold instead, which a
+    fold boundary forgets."""
+    from rl_helpers import wired_learner
+
+    learner = wired_learner(tiny(tmp_path))
+    checks, net = learner.stability.checks, learner.agent.online
+    p = next(q for q in net.parameters() if q.ndim == 1)
+    for q in net.parameters():
+        q.grad = torch.zeros_like(q)
+    checks.state["grad_clip_bound"].fill_(0.25)
+    checks.weights()  # the end of a step: the largest bound this fold is 0.25
+    checks.state["grad_clip_bound"].fill_(1.4e-4)  # converged: the bound has fallen
+    checks.weights()
+    assert checks.grad_scale.item() == 0.25
+    p.grad.view(-1)[0] = 0.138  # 1e3 x 1.4e-4 = 0.14: the old rule's threshold, not passed
+    checks.gradients()
+    p.grad.view(-1)[0] = 0.2  # past 1e3 x the fallen bound, a healthy gradient
+    checks.gradients()
+    assert not bool(checks.sentinel.fired())
+    p.grad.view(-1)[0] = 1e3 * 0.25 * 1.01  # an excursion over the fold's largest scale
+    checks.gradients()
+    [firing] = checks.sentinel.report()
+    assert firing.name == f"grad.{dict((id(q), n) for n, q in net.named_parameters())[id(p)]}"
+    assert firing.kind == "threshold"
+    checks.reset()  # a fold boundary
+    assert math.isnan(checks.grad_scale.item())
+    saved = checks.state_dict()
+    checks.grad_scale.fill_(3.0)
+    checks.load_state_dict(saved)
+    assert math.isnan(checks.grad_scale.item())
+
+
 def test_adam_moments_fire_on_the_gradients_excursion_not_on_sparsity(tmp_path):
     """Adam's first moment averages clipped gradients, so its threshold is the gradients'
     (1e3 x the clip bound), not a multiple of its own group p99: a sparse gradient (C51 at a

@@ -153,6 +153,13 @@ class Checks:
         self._scale_index = torch.tensor(
             [state.index(f"{n}_scale")[0] for n in WATCHED], device=self.device
         )
+        #: The largest gradient-clip bound this fold, what the gradients' and Adam's moments'
+        #: threshold multiplies (NaN until the clip measures one; raised by :meth:`weights`).
+        #: Not the bound itself: the clip bound follows the gradients down by orders of
+        #: magnitude once a task is learned (CartPole: 0.25 early, 1.4e-4 at 480k steps), and a
+        #: healthy gradient 1e3 times that fired (a halt at x1000, 9e501b0). The watched
+        #: buffers' thresholds hold their largest scale this fold for the same reason.
+        self.grad_scale = torch.full((1,), math.nan, device=self.device)
         #: Test hook: ``(slot name, step, value)`` writes ``value`` into that slot's buffer right
         #: before its check number ``step`` (the step the sentinel will report).
         self.fault: tuple[str, int, float] | None = None
@@ -161,7 +168,8 @@ class Checks:
         self._checks: dict[str, int] = {}
         register(
             self, "reset", name="checks",
-            what="forget the threshold-scale estimator and the fault-injection counters",
+            what="forget the threshold-scale estimator, the largest clip bound and the "
+            "fault-injection counters",
         )  # fmt: skip
 
     # --- wiring ---------------------------------------------------------------------------
@@ -200,8 +208,13 @@ class Checks:
         s.add("loss", self._loss, watched("loss"), phase="forward")
         s.add("grad.trunk_output", source("grad_trunk"), watched("grad_trunk"),
               phase="backward_heads")  # fmt: skip
+
+        def grads(power: int = 1) -> Rule:
+            return Rule.above(self.grad_scale, factor=EXCURSION_FACTOR, power=power,
+                              name="grad_clip_bound (largest this fold)")  # fmt: skip
+
         for name, p in net.named_parameters():
-            s.add(f"grad.{name}", lambda p=p: p.grad, above("grad_clip_bound"), phase="backward")
+            s.add(f"grad.{name}", lambda p=p: p.grad, grads(), phase="backward")
         for name, p in net.named_parameters():
             g = 0 if p.ndim >= 2 else 1  # the optimizer group, and so the slot element
             s.add(f"weight.{name}", p, above("adam_weight_bound", g), phase="optimizer")
@@ -213,7 +226,7 @@ class Checks:
             # a reward scale of 1e-3) max |m| exceeds 1e3 x the group's p99 in health (a false
             # alarm on 5 of 6 market runs at x0.001).
             for moment, key, power in (("adam_m", "exp_avg", 1), ("adam_v", "exp_avg_sq", 2)):
-                rule = above("grad_clip_bound", power=power)
+                rule = grads(power)
                 s.add(f"{moment}.{name}", _Moment(optimizer, p, key), rule, phase="optimizer")
 
     # --- the runner's and the learn step's calls ----------------------------------------------
@@ -259,7 +272,11 @@ class Checks:
         self._fold()
 
     def weights(self) -> None:
-        """Phase ``optimizer``: every weight and both moments after the step."""
+        """Phase ``optimizer``: every weight and both moments after the step, the moments
+        against the largest clip bound this fold, raised first by this step's."""
+        if self.enabled:
+            torch.fmax(self.grad_scale, self.state["grad_clip_bound"].reshape(1),
+                       out=self.grad_scale)  # fmt: skip
         self._check("optimizer")
 
     # --- internals ------------------------------------------------------------------------
@@ -325,6 +342,7 @@ class Checks:
     # --- reports ----------------------------------------------------------------------------
     def reset(self) -> None:
         self.watch_ema.reset()
+        self.grad_scale.fill_(math.nan)
         self._checks.clear()
         self._pending.clear()
 
@@ -350,7 +368,9 @@ class Checks:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"watch_ema": self.watch_ema.state_dict()}
+        return {"watch_ema": self.watch_ema.state_dict(), "grad_scale": self.grad_scale.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.watch_ema.load_state_dict(state["watch_ema"])
+        # a checkpoint from before the slot: unset, raised again by the next step's clip bound
+        self.grad_scale.copy_(state.get("grad_scale", torch.full((1,), math.nan)))
