@@ -45,28 +45,39 @@ class AdaptiveGradClip:
        ``headroom`` (1, the default: at the bound itself, so the clip binds on about ``1 - q``
        of steps by construction; ``h > 1``: on excursions only). Unset bound (the first step
        after construction or reset): no clip.
-    3. **Measure.** The norm clipped at the bound, ``min(n_t, b_t)`` (with ``h = 1`` what
-       actually reached the optimizer), enters a window of the last ``window`` steps; the
-       observation is the window's ``q``-quantile (:func:`trimtab.abs_quantiles`, an exact
-       order statistic), folded into the bound's slot by an :class:`~trimtab.AdaptiveEMA` on
-       a log scale (the bound is ``exp`` of the estimate of ``log`` observations: scale-free,
+    3. **Measure.** The norm enters a window of the last ``window`` steps, negated where
+       ``n_t > b_t`` (the window's engagement flag, whatever ``h`` is; the quantile reads
+       magnitudes). The window's ``q``-quantile (:func:`trimtab.abs_quantiles`, an exact order
+       statistic) is folded into an :class:`~trimtab.AdaptiveEMA` on a log scale (scale-free,
        and positive whatever the filter extrapolates after a tenfold drop; a zero norm is no
-       observation). The engagement test below counts the norms above ``b_t``, whatever
-       ``h`` is; :attr:`engaged` counts the steps the clip bound (above ``h b_t``).
+       observation). The new bound is that estimate, at most ``b_t`` (the anchoring below),
+       raised where the engagement test finds ``b_t`` stale. :attr:`engaged` counts the steps
+       the clip bound (above ``h b_t``).
 
     **Anchoring.** An EMA of raw norms ratchets: a run of large norms raises the bound, which
     lets larger updates through, which grow the weights and the next norms (the failure that
     AutoClip, Seetharaman et al. 2020, avoids with a percentile of the whole history, and ZClip,
-    2025, with z-scores whose EMA is fed the *clipped* norm). Here the history holds clipped
-    norms, so by itself the quantile can never rise above the bound in force: a burst of
-    elevated norms, however long, cannot lift it. Growth must instead pass the
-    :class:`~trimtab.EngagementCorrection` test: a clip at the ``q``-quantile should engage on
-    ``1 - q`` of steps; only when the smoothed clip rate is significantly above that (a binomial
-    test at :data:`~trimtab.engagement.FALSE_ALARM_PROB`; with one norm per step, more than about
-    a third of recent steps clipped, for ``q = 0.99``) is the observation raised toward the
-    current norm, by the fraction ``(f - p) / f`` derived there. A genuine, sustained change of
-    scale is therefore followed, within tens of steps; a transient one is not; and the bound
-    never exceeds the largest norm actually seen.
+    2025, with z-scores whose EMA is fed the *clipped* norm). Here the bound may fall with the
+    estimate but never rise above the bound in force by itself: elevated norms cannot lift it.
+    Growth must instead pass the :class:`~trimtab.EngagementCorrection` test: a clip at the
+    ``q``-quantile should engage on ``1 - q`` of steps. The test is fed the window's count,
+    ``k`` of its ``n`` steps above their bound (``n = window`` once full), a
+    Binomial(``n``, ``1 - q``) count while the bound is right; only when the smoothed rate is
+    significantly above ``1 - q`` (at :data:`~trimtab.engagement.FALSE_ALARM_PROB`; for
+    ``q = 0.99`` and a full window of 1000, above about 2%) is the bound raised toward the
+    window's quantile, by the fraction ``(f - p) / f`` derived there. A sustained change of
+    scale is therefore followed within tens of steps; a burst on at most ``1 - q`` of the
+    window is not (past about 2% it is, by the quantile's definition, the new quantile); and
+    the bound never exceeds the largest norm actually seen.
+
+    Two earlier forms of this rule failed on CartPole, where the clip bound 10-20% of steps,
+    not 1% (``tests/test_clip.py`` has both cases). Fed one 0/1 flag a step, the test's
+    estimator took a rare isolated 1 for an outlier (it read a clip rate of 15% as 1%) and a
+    raise went toward one step's norm, not a tail's. And folding the anchored quantile, which
+    sits at ``b_t`` whenever it is held, gave the estimator a constant input whose noise it
+    measured as zero, so it then rejected a raise. On log-normal norms the clip now binds on
+    about 1.2% of steps at a stationary scale (was 6%) and 3% through a steady tenfold rise
+    (was every step).
 
     The bound lives in slot ``{prefix}_bound`` (one value per group) of a
     :class:`~trimtab.StateVector`, its own or one passed in. Registers :meth:`reset` with the
@@ -268,12 +279,20 @@ class AdaptiveGradClip:
         engaged = group_norm > bound  # the test's exceedance: the norm above the bound
         clipped = engaged if self.headroom == 1.0 else group_norm > clip_at
         self.engaged.add_(clipped.to(torch.int64))
-        self.engagement.observe(engaged.float(), self._one, group_norm, impl="torch")
+        # The window holds the norms, negated where they exceeded the bound in force.
+        newest = torch.where(engaged, -group_norm, group_norm)
         position = (self._count % self.window).reshape(1, 1).expand(self.num_bounds, 1)
-        self._history.scatter_(1, position, torch.minimum(group_norm, bound)[:, None])
+        self._history.scatter_(1, position, newest[:, None])
         self._count.add_(1)
-        observation = abs_quantiles(list(self._history.unbind()), self.quantile, impl="torch")
-        slot.copy_(self.engagement.fold(self._ema, observation, impl="torch"))
+        magnitude = self._history.abs()
+        seen = magnitude.isfinite()
+        # The engagement test on the window's count (k of its n steps exceeded their bound),
+        # the raise toward the window's largest norm.
+        k = (seen & (self._history < 0)).sum(1)
+        quantile = abs_quantiles(list(self._history.unbind()), self.quantile, impl="torch")
+        self.engagement.observe(k, seen.sum(1), quantile, impl="torch")
+        estimate = self._ema.update_log(quantile, impl="torch")
+        slot.copy_(self.engagement.correct(torch.minimum(estimate, bound)))
         return per_tensor, total
 
     def state_dict(self) -> dict[str, Any]:

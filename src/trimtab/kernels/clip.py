@@ -106,40 +106,46 @@ def _clip_kernel(
     engaged = gm & (gn > b)  # the test's exceedance
     ec = tl.load(engaged_count + g, mask=gm, other=0)
     tl.store(engaged_count + g, ec + (gm & (gn > clip_at)).to(tl.int64), mask=gm)
-    rate, top = _engagement_step(
-        tab, ENG, TAIL, g, gm, engaged.to(tl.float64), tl.full([GP], 1.0, tl.float64), gn, gm,
-        p, z_threshold, K, KP, META, TINY, DOF_MAX,
-    )  # fmt: skip
 
-    # The window of clipped norms, this step's entered in registers, stored, and its quantile:
-    # rank ceil(q n) (at least 1) of the n finite values, 0 when there is none.
+    # The window of norms, this step's entered in registers (negated where it exceeded the
+    # bound: the window's engagement flag) and stored.
     cnt = tl.load(count)
     pos = cnt % window
     w = tl.arange(0, WP)
     wm = gm[:, None] & (w[None, :] < window)
     hp = history + g[:, None] * window + w[None, :]
     row = tl.load(hp, mask=wm, other=float("nan"))
-    newest = tl.minimum(gn, b)
     here = wm & (w[None, :] == pos)
-    row = tl.where(here, newest[:, None], row)
+    row = tl.where(here, tl.where(engaged, -gn, gn)[:, None], row)
     tl.store(hp, row, mask=here)
     tl.store(count, cnt + 1)
     a = tl.abs(row)
     finite = wm & (a < float("inf"))
+    # The window's quantile: rank ceil(q n) (at least 1) of the n finite values, 0 when none.
     n = tl.sum(finite.to(tl.int32), axis=1)
     k = tl.maximum(tl.ceil(n.to(tl.float64) * q).to(tl.int32), 1)
     value = _kth_smallest(a, finite, w, n, k, GP, TOP)
     value = tl.where(n > 0, value, 0.0)
+    # The engagement test on the window's count (k of its n steps exceeded their bound); a
+    # raise goes toward the window's quantile.
+    k_win = tl.sum((finite & (row < 0.0)).to(tl.float64), axis=1)
+    rate, top = _engagement_step(
+        tab, ENG, TAIL, g, gm, k_win, n.to(tl.float64), value, gm & (n > 0),
+        p, z_threshold, K, KP, META, TINY, DOF_MAX,
+    )  # fmt: skip
 
-    # Raised where the engagement test found the bound stale, folded on a log scale.
-    y = tl.log(_raise_toward(value, rate, top))
+    # The quantile folded on a log scale; the bound is the estimate, at most the bound in force
+    # (the anchoring; NaN while unset), raised where the test found it stale.
+    y = tl.log(value)
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, BOUND, g, gm, K, KP)
     est, _ = _ema_step(
         tab, BOUND, TAIL, g, gm, y, gm & (y > -float("inf")),
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
         K, KP, META, TINY, DOF_MAX, True,  # update_log's rules
     )  # fmt: skip
-    tl.store(slot + g, tl.exp(est), mask=gm)
+    e = tl.exp(est)
+    anchored = tl.where(b < e, b, e)  # NaN compares false: an unset estimate stays NaN
+    tl.store(slot + g, _raise_toward(anchored, rate, top), mask=gm)
 
 
 def fits(window: int, num_tensors: int) -> bool:
