@@ -212,3 +212,29 @@ def test_a_huge_support_edge_is_named():
         learner.learn(_scaled_batch(1.0, 10 + i))
     first = learner.sentinel_report()["fired"][0]
     assert (first["name"], first["step"], first["kind"]) == ("atom_span", 5, "threshold")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clip_rate_is_logged_per_interval_and_restarts_at_a_boundary(mode):
+    """``engaged/grad_clip``: the fraction of steps since the last log on which the adaptive clip
+    bound, read from its own counts (NaN in the modes without it), counted afresh after a
+    fold boundary zeroed them."""
+    learner, life = _learner(mode)
+    if mode != "adaptive":
+        assert math.isnan(float(learner.log_values()["engaged/grad_clip"]))
+        return
+    clip = learner.stability.clip
+    for i in range(10):
+        learner.learn(_scaled_batch(5.0, i))
+    first = float(learner.log_values()["engaged/grad_clip"])
+    assert first == int(clip.engaged.sum()) / 10
+    before = int(clip.engaged.sum())
+    for i in range(6):
+        learner.learn(_scaled_batch(5.0, 100 + i))
+    got = float(learner.log_values()["engaged/grad_clip"])
+    assert got == (int(clip.engaged.sum()) - before) / 6
+    life.fold_boundary()
+    for i in range(4):
+        learner.learn(_scaled_batch(5.0, 200 + i))
+    got = float(learner.log_values()["engaged/grad_clip"])
+    assert got == int(clip.engaged.sum()) / 4 and 0.0 <= got <= 1.0

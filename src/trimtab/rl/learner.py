@@ -205,6 +205,7 @@ class Learner:
             "bound/grad_clip": s.state["grad_clip_bound"],
             "engaged/target_clamp": rates[0],
             "engaged/trunk_clamp": rates[1],
+            "engaged/grad_clip": s.clip_rate(),
         }
 
     def halt_message(self) -> str | None:

@@ -22,7 +22,7 @@ __all__ = ["ReportError", "aggregate_folds", "build_report", "format_fold_table"
 _PREFIXES = {
     "loss/": ("losses.png", "Training losses", "loss", True),
     "bound/": ("bounds.png", "State-vector bounds", "bound value", True),
-    "engaged/": ("engagement.png", "Clamp engagement rates", "fraction of elements", False),
+    "engaged/": ("engagement.png", "Clamp engagement rates", "fraction clamped", False),
 }
 
 
