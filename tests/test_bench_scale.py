@@ -27,26 +27,26 @@ def test_scale_quick_two_calls_merge(tmp_path, load_bench):
     summary = json.loads((Path(rec["run_dir"]) / "summary.json").read_text())
     assert rec["fold_sharpe"] == [f["sharpe"] for f in summary["folds"]]
     b = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
-                    "--variant", "h3", "--set", "run.clamp_headroom=3.0",
+                    "--variant", "lr3", "--set", "agent.lr=3e-4",
                     "--out", str(tmp_path / "b.json")])  # fmt: skip
     [rec] = b["records"]
-    assert rec["arm"] == "tuned (h3)" and rec["config"]["clamp_headroom"] == 3.0
+    assert rec["arm"] == "tuned (lr3)"
     cfg = (Path(rec["run_dir"]) / "config.toml").read_text()
     assert 'stability = "fixed"' in cfg and "v_max = 100000.0" in cfg  # ±100 x 1000
-    assert "reward_scale = 1000.0" in cfg
+    assert "reward_scale = 1000.0" in cfg and "lr = 0.0003" in cfg
     out = tmp_path / "merged.json"
     doc = bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                       "--out", str(out)])  # fmt: skip
     arms = {(r["env"], r["arm"]) for r in doc["records"]}
-    assert arms == {("market", "adaptive"), ("cartpole", "tuned (h3)")}
+    assert arms == {("market", "adaptive"), ("cartpole", "tuned (lr3)")}
     assert doc["units_check"]["market"]["equal"]
-    assert "| tuned (h3) | " in out.with_suffix(".md").read_text()
+    assert "| tuned (lr3) | " in out.with_suffix(".md").read_text()
     assert sorted(Path(p).name for p in doc["plots"]) == ["merged_cartpole.png",
                                                           "merged_market.png"]  # fmt: skip
     # a rerun reads finished trials back instead of training them again (its files untouched)
     stamps = {f: f.stat().st_mtime_ns for f in Path(rec["run_dir"]).rglob("*") if f.is_file()}
     again = bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
-                        "--variant", "h3", "--set", "run.clamp_headroom=3.0",
+                        "--variant", "lr3", "--set", "agent.lr=3e-4",
                         "--out", str(out)])  # fmt: skip
     assert len(again["records"]) == 2  # merged into the existing file
     [reread] = [r for r in again["records"] if r["env"] == "cartpole"]
@@ -55,7 +55,7 @@ def test_scale_quick_two_calls_merge(tmp_path, load_bench):
     # the same run directory with another config is refused, not read back
     with pytest.raises(SystemExit, match="another config"):
         bench.main([*common, "--envs", "cartpole", "--arms", "tuned", "--no-units-check",
-                    "--variant", "h3", "--out", str(out)])  # fmt: skip
+                    "--variant", "lr3", "--out", str(out)])  # fmt: skip
 
 
 def test_merge_keeps_a_result_over_a_later_unfinished_record(load_bench):

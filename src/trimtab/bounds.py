@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trimtab._headroom import check_headroom
 from trimtab.clamp import clamp_finite_, guard_
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
@@ -94,13 +95,9 @@ class AdaptiveBounds:
             raise ValueError(f"q={q} must be in (0, 1): a clamp at it engages on 1 - q")
         if not (math.isfinite(floor) and floor > 0):
             raise ValueError(f"floor={floor} must be a finite number > 0")
-        if not (math.isfinite(headroom) and headroom >= 1.0):
-            raise ValueError(
-                f"headroom={headroom} must be a finite number >= 1: the clamp binds at headroom "
-                "x the measured quantile (1: at the quantile itself)"
-            )
+        headroom = check_headroom(headroom, "headroom", "clamp")
         self.names, self.q, self.floor, self.name = names, float(q), float(floor), name
-        self.headroom = float(headroom)
+        self.headroom = headroom
         self.sentinel = sentinel
         if state is None:
             state = StateVector(self.slots(names), device=device)

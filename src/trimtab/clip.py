@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from trimtab._headroom import check_headroom
 from trimtab._impl import resolve_impl
 from trimtab.clamp import scale_finite_
 from trimtab.engagement import EngagementCorrection
@@ -103,15 +104,7 @@ class AdaptiveGradClip:
         headroom: float = 1.0,
     ) -> None:
         groups = self._as_groups(params_or_groups)
-        if (
-            isinstance(headroom, bool)
-            or not isinstance(headroom, (int, float))
-            or not (math.isfinite(headroom) and headroom >= 1.0)
-        ):
-            raise ValueError(
-                f"headroom must be a finite number >= 1 (the clip binds at headroom x the "
-                f"measured bound; 1: at the bound itself), got {headroom!r}"
-            )
+        headroom = check_headroom(headroom, "headroom", "clip")
         if isinstance(quantile, bool) or not isinstance(quantile, float) or not 0 < quantile < 1:
             raise ValueError(f"quantile must be a float in (0, 1), got {quantile!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -119,7 +112,7 @@ class AdaptiveGradClip:
         self.groups = groups
         self.per_group = per_group
         self.quantile = quantile
-        self.headroom = float(headroom)
+        self.headroom = headroom
         self.window = window
         self.prefix = prefix
         params = [p for g in groups for p in g]

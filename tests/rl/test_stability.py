@@ -204,3 +204,14 @@ def test_clip_headroom_reaches_the_clip_and_is_refused_where_no_adaptive_clip_ru
     for mode in ("fixed", "off"):
         with pytest.raises(ValueError, match=r"clip_headroom=2\.0 applies to the adaptive"):
             tiny(Path("unused"), stability=mode, clip_headroom=2.0)
+
+
+@pytest.mark.parametrize("key,value", [("clamp_headroom", 3.0), ("clip_headroom", 2.0),
+                                       ("weight_headroom", 1.0)])  # fmt: skip
+def test_every_headroom_is_refused_where_nothing_adaptive_would_read_it(key, value):
+    """Each headroom moves where an adaptive consumer binds; fixed and off have none, so a value
+    other than the default would silently do nothing there: refused, naming the key."""
+    tiny(Path("unused"), stability="adaptive", **{key: value})  # accepted where it applies
+    for mode in ("fixed", "off"):
+        with pytest.raises(ValueError, match=rf"{key}={value} applies to the adaptive"):
+            tiny(Path("unused"), stability=mode, **{key: value})

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trimtab._headroom import check_headroom
 from trimtab._impl import resolve_impl
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
@@ -232,15 +233,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
     ) -> None:
         if isinstance(quantile, bool) or not isinstance(quantile, float) or not 0 < quantile < 1:
             raise ValueError(f"quantile must be a float in (0, 1), got {quantile!r}")
-        if (
-            isinstance(weight_headroom, bool)
-            or not isinstance(weight_headroom, (int, float))
-            or not (math.isfinite(weight_headroom) and weight_headroom >= 1.0)
-        ):
-            raise ValueError(
-                f"weight_headroom must be a finite number >= 1 (the clamp binds at it times the "
-                f"measured bound; 1: at the bound itself), got {weight_headroom!r}"
-            )
+        weight_headroom = check_headroom(weight_headroom, "weight_headroom", "clamp")
         defaults = dict(
             lr=lr,
             betas=betas,
@@ -256,7 +249,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         super().__init__(params, defaults)
         self._sealed = True
         self.quantile = quantile
-        self.weight_headroom = float(weight_headroom)
+        self.weight_headroom = weight_headroom
         self.prefix = prefix
         all_params = [p for g in self.param_groups for p in g["params"]]
         if not all_params:

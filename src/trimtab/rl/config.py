@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import torch
 
+from trimtab._headroom import check_headroom
 from trimtab.rl.agent import AgentConfig
 from trimtab.rl.configio import ConfigError
 
@@ -136,33 +137,24 @@ class RunConfig:
                 f"bound_quantile={self.bound_quantile} must be in [0.5, 1): a bound is a high "
                 "quantile of |x| (0.99: its clamp engages on about 1% of what it sees)"
             )
-        if not (math.isfinite(self.clamp_headroom) and self.clamp_headroom >= 1.0):
-            bad.append(
-                f"clamp_headroom={self.clamp_headroom} must be a finite number >= 1 (1: clamp "
-                "at the measured quantile; 2: at twice it)"
-            )
-        if not (math.isfinite(self.clip_headroom) and self.clip_headroom >= 1.0):
-            bad.append(
-                f"clip_headroom={self.clip_headroom!r} must be a finite number >= 1 (1: clip at "
-                "the measured bound; 2: at twice it)"
-            )
-        elif self.clip_headroom != 1.0 and self.stability != "adaptive":
-            bad.append(
-                f"clip_headroom={self.clip_headroom} applies to the adaptive gradient clip; "
-                f"stability={self.stability!r} clips at a hand-set norm or not at all: set "
-                "stability='adaptive' or leave clip_headroom at 1"
-            )
-        if not (math.isfinite(self.weight_headroom) and self.weight_headroom >= 1.0):
-            bad.append(
-                f"weight_headroom={self.weight_headroom!r} must be a finite number >= 1 (1: "
-                "clamp the weights at their measured p99; 2: at twice it)"
-            )
-        elif self.weight_headroom != 2.0 and self.stability != "adaptive":
-            bad.append(
-                f"weight_headroom={self.weight_headroom} applies to the adaptive weight clamp; "
-                f"stability={self.stability!r} clamps weights at a hand-set bound or not at "
-                "all: set stability='adaptive' or leave weight_headroom at 2"
-            )
+        # (key, its default, what binds there): each applies to adaptive mode only
+        for key, default, what in (
+            ("clamp_headroom", 2.0, "adaptive trunk and target clamps"),
+            ("clip_headroom", 1.0, "adaptive gradient clip"),
+            ("weight_headroom", 2.0, "adaptive weight clamp"),
+        ):
+            value = getattr(self, key)
+            try:
+                check_headroom(value, key, "clip" if what.endswith("clip") else "clamp")
+            except ValueError as e:
+                bad.append(str(e))
+                continue
+            if value != default and self.stability != "adaptive":
+                bad.append(
+                    f"{key}={value} applies to the {what}; stability={self.stability!r} "
+                    f"has none (a hand-set bound, or nothing): set stability='adaptive' or "
+                    f"leave {key} at {default:g}"
+                )
         if self.cuda_graph not in ("auto", "on", "off"):
             bad.append(f"cuda_graph={self.cuda_graph!r} must be 'auto', 'on' or 'off'")
         elif self.cuda_graph == "on" and self.device == "cpu":
