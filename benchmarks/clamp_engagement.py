@@ -9,7 +9,8 @@ that the engagement test sees (elements above the measured quantile, cumulative 
 checkpoint: 1 - run.bound_quantile when the estimate is right), Adam's weight clamp (engaged
 fraction of the weights, per parameter group), the gradient clip (fraction of steps clipped,
 and of steps its engagement test counted: the norm above the bound itself, whatever
-``run.clip_headroom`` is),
+``run.clip_headroom`` is; since 2b10a86 the test counts a window of steps at a time, so this is
+the mean of its windows' fractions), ``engaged/grad_clip``'s mean where the run logged it,
 the C51 support's range after the first 1000 steps (a collapse shows as a small minimum), and
 the greedy return when the run finished.
 """
@@ -52,6 +53,8 @@ def engagement(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"run_dir": str(run_dir), "rows": len(rows)}
     out["trunk_clamp"] = _mean(col("engaged/trunk_clamp"))
     out["target_clamp"] = _mean(col("engaged/target_clamp"))
+    if rows and "engaged/grad_clip" in rows[0]:
+        out["grad_clip_logged"] = _mean(col("engaged/grad_clip"))
     late = [float(r["bound/support"]) for r in rows if int(r["step"]) > 1000]
     out["support_after_1000"] = [min(late), max(late)] if late else None
     ckpt = run_dir / "checkpoints" / "last.pt"

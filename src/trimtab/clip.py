@@ -71,14 +71,13 @@ class AdaptiveGradClip:
     window is not (past about 2% it is, by the quantile's definition, the new quantile); and
     the bound never exceeds the largest norm actually seen.
 
-    Two earlier forms of this rule failed on CartPole, where the clip bound 10-20% of steps,
-    not 1% (``tests/test_clip.py`` has both cases). Fed one 0/1 flag a step, the test's
-    estimator took a rare isolated 1 for an outlier (it read a clip rate of 15% as 1%) and a
-    raise went toward one step's norm, not a tail's. And folding the anchored quantile, which
-    sits at ``b_t`` whenever it is held, gave the estimator a constant input whose noise it
-    measured as zero, so it then rejected a raise. On log-normal norms the clip now binds on
-    about 1.2% of steps at a stationary scale (was 6%) and 3% through a steady tenfold rise
-    (was every step).
+    The former rule clipped 5-18% of CartPole's steps, not 1% (README "Where a clamp binds";
+    ``tests/test_clip.py`` has both of its failures). Fed one 0/1 flag a step, the test's
+    estimator took a rare isolated 1 for an outlier (it read a clip rate of 15% as 1%), and a
+    raise went toward one step's norm, not a tail's. Folding the anchored quantile, which sits
+    at ``b_t`` whenever it is held, gave the estimator a constant input whose noise it measured
+    as zero, so it then rejected a raise. On log-normal norms the clip now binds on 1.0-1.2% of
+    steps at a stationary scale (was 13-85%) and 3% through a steady tenfold rise (was 31-100%).
 
     The bound lives in slot ``{prefix}_bound`` (one value per group) of a
     :class:`~trimtab.StateVector`, its own or one passed in. Registers :meth:`reset` with the
