@@ -1,7 +1,9 @@
 """The adaptive gradient clip's step after the per-tensor norms, as one single-program launch:
-group norms, the clip coefficients, the engagement test, the window of clipped norms and its
-exact quantile (the order statistic, found near the top of the window by walking down from
-its largest value, else by a sort), the engagement raise and the log-scale fold of the bound.
+group norms, the clip coefficients, the window of norms (each entry's sign its engagement
+flag) and its exact quantile (the order statistic, found near the top of the window by walking
+down from its largest value, else by a sort), the engagement test on the window's count, the
+log-scale fold of the quantile, and the bound: the estimate, anchored at the bound in force,
+raised where the test fires.
 
 The reference it must match is ``AdaptiveGradClip._step_reference`` (:mod:`trimtab.clip`); the
 scaling itself is then one launch of :func:`trimtab.clamp.scale_finite_`. Before, this was ~40
