@@ -307,3 +307,33 @@ def test_clip_rate_at_a_stationary_scale_stays_near_nominal(seed):
     that its estimator, fed a constant, would not let rise)."""
     rates = _clip_rates(lambda step: 1.0, seed=seed)
     assert sum(rates[1:]) / 5 < 0.02, rates
+
+
+def test_engaged_rate_counts_each_interval_and_restarts_at_a_reset():
+    """``engaged_rate()``: the steps clipped since the last call, over the steps since then;
+    after a reset it counts from the reset, however many steps the interval before it held."""
+    ps = params()
+    gen = torch.Generator().manual_seed(6)
+    with Lifecycle() as life:
+        clip = AdaptiveGradClip(ps, window=8)
+    assert math.isnan(float(clip.engaged_rate()[0]))  # no step yet
+    for step in range(12):
+        feed(ps, 1.0 if step % 3 else 20.0, gen)
+        clip()
+    assert float(clip.engaged_rate()[0]) == int(clip.engaged[0]) / 12
+    before = int(clip.engaged[0])
+    for _ in range(5):
+        feed(ps, 20.0, gen)
+        clip()
+    assert float(clip.engaged_rate()[0]) == (int(clip.engaged[0]) - before) / 5
+    life.fold_boundary()
+    for step in range(9):  # more steps than the interval before the reset
+        feed(ps, 1.0 if step % 2 else 20.0, gen)
+        clip()
+    rate = float(clip.engaged_rate()[0])
+    assert rate == int(clip.engaged[0]) / 9 and 0.0 < rate < 1.0
+    state = clip.state_dict()
+    feed(ps, 20.0, gen)
+    clip()
+    clip.load_state_dict(state)  # the interval resumes where the checkpoint left it
+    assert math.isnan(float(clip.engaged_rate()[0]))

@@ -138,10 +138,12 @@ class AdaptiveGradClip:
         self._count = torch.zeros((), dtype=torch.int64, device=self.device)
         #: ``[tensors, elements]`` of gradient that held NaN or ±Inf, zeroed (int64, device).
         self.nonfinite = torch.zeros(2, dtype=torch.int64, device=self.device)
-        self._one = torch.ones((), dtype=torch.int64, device=self.device)  # one norm per bound
         #: Steps on which each bound clipped (the norm above headroom x the bound; int64
         #: [num_bounds], on the device).
         self.engaged = torch.zeros(self.num_bounds, dtype=torch.int64, device=self.device)
+        # [clipped per bound..., steps] at the last engaged_rate() (zero after a reset, as the
+        # counts are)
+        self._logged = torch.zeros(self.num_bounds + 1, dtype=torch.int64, device=self.device)
         self._group_index: dict[tuple[int, ...], torch.Tensor] = {}
         #: Sharded gradients (:meth:`trimtab.distributed.RankConsistent.attach_clip`): sums the
         #: squared group norms over the ranks in place, before the coefficient; None alone.
@@ -175,6 +177,18 @@ class AdaptiveGradClip:
         self.bound.fill_(math.nan)
         self.nonfinite.zero_()
         self.engaged.zero_()
+        self._logged.zero_()
+
+    def _counts(self) -> torch.Tensor:
+        return torch.cat([self.engaged, self._count.reshape(1)])
+
+    def engaged_rate(self) -> torch.Tensor:
+        """Per bound, the fraction of steps since the last call (or the last reset) on which the
+        clip bound (float64 ``[num_bounds]``, on the device: no host read; NaN with no step)."""
+        now = self._counts()
+        since = (now - self._logged).double()
+        self._logged.copy_(now)
+        return since[:-1] / since[-1]
 
     @torch.no_grad()
     def __call__(
@@ -278,8 +292,8 @@ class AdaptiveGradClip:
         self._count.add_(1)
         magnitude = self._history.abs()
         seen = magnitude.isfinite()
-        # The engagement test on the window's count (k of its n steps exceeded their bound),
-        # the raise toward the window's largest norm.
+        # The engagement test on the window's count (k of its n steps exceeded their bound);
+        # a raise goes toward the window's quantile.
         k = (seen & (self._history < 0)).sum(1)
         quantile = abs_quantiles(list(self._history.unbind()), self.quantile, impl="torch")
         self.engagement.observe(k, seen.sum(1), quantile, impl="torch")
@@ -296,6 +310,7 @@ class AdaptiveGradClip:
             "count": self._count.clone(),
             "nonfinite": self.nonfinite.clone(),
             "engaged": self.engaged.clone(),
+            "logged": self._logged.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -311,3 +326,5 @@ class AdaptiveGradClip:
         self._count.copy_(state["count"])
         self.nonfinite.copy_(state["nonfinite"])
         self.engaged.copy_(state["engaged"])
+        # a checkpoint from before engaged_rate(): its next interval starts at the load
+        self._logged.copy_(state["logged"] if "logged" in state else self._counts())

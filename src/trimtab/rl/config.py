@@ -137,15 +137,15 @@ class RunConfig:
                 f"bound_quantile={self.bound_quantile} must be in [0.5, 1): a bound is a high "
                 "quantile of |x| (0.99: its clamp engages on about 1% of what it sees)"
             )
-        # (key, its default, what binds there): each applies to adaptive mode only
-        for key, default, what in (
-            ("clamp_headroom", 2.0, "adaptive trunk and target clamps"),
-            ("clip_headroom", 1.0, "adaptive gradient clip"),
-            ("weight_headroom", 2.0, "adaptive weight clamp"),
+        # (key, its default, what binds there, and in a word): each applies to adaptive mode only
+        for key, default, what, word in (
+            ("clamp_headroom", 2.0, "adaptive trunk and target clamps", "clamp"),
+            ("clip_headroom", 1.0, "adaptive gradient clip", "clip"),
+            ("weight_headroom", 2.0, "adaptive weight clamp", "clamp"),
         ):
             value = getattr(self, key)
             try:
-                check_headroom(value, key, "clip" if what.endswith("clip") else "clamp")
+                check_headroom(value, key, word)
             except ValueError as e:
                 bad.append(str(e))
                 continue

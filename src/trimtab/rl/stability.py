@@ -112,8 +112,6 @@ class Stability:
     quantile: float = 0.99
     #: where it clips: this times its bound (run.clip_headroom)
     clip_headroom: float = 1.0
-    #: the clip's [steps clipped, steps] at the last clip_rate()
-    _clip_logged: Tensor | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -126,7 +124,6 @@ class Stability:
         if self.adaptive_clip:
             self.clip = AdaptiveGradClip(params, quantile=self.quantile, state_vector=self.state,
                                          headroom=self.clip_headroom)  # fmt: skip
-            self._clip_logged = self._clip_counts()
         if self.mode == "fixed":
             self.clip = lambda ps: torch.nn.utils.clip_grad_norm_(ps, FIXED["grad_clip"])
             self.after_step = lambda: _clamp_weights(params, FIXED["weight_clamp"])
@@ -135,20 +132,12 @@ class Stability:
                      what="zero moments and step counts")  # fmt: skip
         self.checks.attach(net, optimizer)
 
-    def _clip_counts(self) -> Tensor:
-        assert isinstance(self.clip, AdaptiveGradClip)
-        return torch.stack([self.clip.engaged.sum(), self.clip._count])
-
     def clip_rate(self) -> Tensor:
         """The fraction of steps since the last call on which the adaptive clip bound (a
         device tensor: no host read; NaN without an adaptive clip or a step)."""
         if not isinstance(self.clip, AdaptiveGradClip):
             return torch.full((), math.nan, device=self.state.device)
-        now = self._clip_counts()
-        # a fold boundary zeroes the clip's counts: count from there
-        since = torch.where(now[1] >= self._clip_logged[1], now - self._clip_logged, now)
-        self._clip_logged.copy_(now)
-        return since[0].double() / since[1].double()
+        return self.clip.engaged_rate()[0]  # the trainer's clip has one global bound
 
     def state_dict(self) -> dict[str, Any]:
         clip = self.clip if isinstance(self.clip, AdaptiveGradClip) else None
@@ -167,7 +156,6 @@ class Stability:
         self.checks.load_state_dict(state["checks"])
         if isinstance(self.clip, AdaptiveGradClip):
             self.clip.load_state_dict(state["clip"])
-            self._clip_logged.copy_(self._clip_counts())
         self.sentinel.load_state_dict(state["sentinel"])
 
 
