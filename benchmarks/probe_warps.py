@@ -1,6 +1,6 @@
 """Shapes of the adaptive step's single-program kernels: the captured step's GPU time per setting.
 
-    python benchmarks/probe_warps.py [--replays 200] [--out PATH]
+    python benchmarks/probe_warps.py [--replays 200] [--rounds 5] [--settings NAME ...] [--out PATH]
 
 The clip's step (``kernels.clip.CLIP_WARPS``: one program sorting the window of clipped norms),
 the small tensors' quantile (``kernels.quantile.SMALL_WARPS``: one program per tensor, for
@@ -65,12 +65,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--key", default=None)
+    p.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
+                   help="the settings to probe (default: all), each against off")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("probe_warps.py times CUDA graphs: it needs a CUDA device")
     torch.set_num_threads(1)
     learners = {"off": build("off", {})}
-    learners.update({name: build("adaptive", s) for name, s in SETTINGS.items()})
+    learners.update({name: build("adaptive", SETTINGS[name]) for name in args.settings})
     times: dict[str, list[float]] = {name: [] for name in learners}
     for _ in range(args.rounds):
         for name, m in learners.items():
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["over_off"] = r["replay_ms"] / off
         print(f"| {name} | {r['replay_ms']:.4f} | {r['over_off']:.3f} |")
     record = {**provenance("cuda"), "replays": args.replays, "rounds": args.rounds,
-              "settings": SETTINGS, "rows": rows,
+              "settings": {n: SETTINGS[n] for n in args.settings}, "rows": rows,
               "command": "benchmarks/probe_warps.py " + " ".join(
                   sys.argv[1:] if argv is None else argv)}  # fmt: skip
     save_record(args.out, args.key, record)

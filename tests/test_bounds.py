@@ -140,3 +140,86 @@ def test_bound_clamp_layer_measures_only_the_training_forward_and_masks_the_grad
         layer(torch.randn(64, 32) * 100)  # an acting forward: clamps, counts nothing
     b.fold()
     assert torch.equal(b.engagement.seen_total, seen)
+
+
+def _derive_cases(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    special = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-30, 3e38, -2.0, 5e-4])
+    cases = []
+    for n in (1, 2, 3, 9, 17):
+        values = torch.randn(n, generator=g).abs() * 10 ** torch.randint(-6, 6, (n,), generator=g)
+        obs = torch.randn(n, generator=g).abs() * 10 ** torch.randint(-6, 6, (n,), generator=g)
+        pick = torch.randint(0, len(special), (2, n), generator=g)
+        hit = torch.rand(2, n, generator=g) < 0.5
+        values = torch.where(hit[0], special[pick[0]], values)
+        obs = torch.where(hit[1], special[pick[1]], obs)
+        cases.append((values.to(device), obs.to(device)))
+    return cases
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # 3e38 x 2: Inf
+@pytest.mark.parametrize("headroom", [1.0, 2.0, 1.5])
+def test_derive_kernel_equals_its_torch_reference(kernel_device, headroom):
+    """The read rows' kernel against the torch reference: NaN, ±Inf, ±0, tiny and huge slots and
+    measurements, 1 to 17 bounds; bitwise, NaN where the reference has NaN."""
+    from trimtab.bounds import _derive_reference
+    from trimtab.kernels.bounds import derive_triton
+
+    for values, obs in _derive_cases(kernel_device):
+        floor = 1e-3
+        want = torch.empty(4, values.numel(), device=kernel_device)
+        got = torch.full_like(want, 7.0)
+        _derive_reference(values, obs, want, torch.full((), floor, device=kernel_device), headroom)
+        derive_triton(values, obs, got, floor, headroom)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        # the rows mean what the five-op read computed: max(slot or measurement, floor), ...
+        v = torch.where(values.isnan(), obs, values)
+        b = torch.maximum(v, torch.tensor(floor, device=kernel_device))
+        torch.testing.assert_close(want[0], b, rtol=0, atol=0, equal_nan=True)
+        assert not want[1].isnan().any() and torch.equal(want[3], -want[1])
+
+
+def test_reads_follow_every_write_of_the_slots():
+    """The read rows are refreshed wherever the slots or the measurements change: a fold, a
+    measure of an unset slot, a reset, the bounds' load, and a write through the shared state
+    vector's own methods (a checkpoint load of another object that shares it)."""
+    sv = StateVector(AdaptiveBounds.slots(["a"]) + [Slot("other")])
+    b = AdaptiveBounds(["a"], state=sv, headroom=2.0)
+    assert math.isnan(float(b.bound("a"))) and float(b.read("a")) == pytest.approx(b.floor)
+    x = 3.0 * torch.randn(2_000, generator=torch.Generator().manual_seed(2))
+    b.measure("a", x)  # unset: the bound is this step's measurement
+    assert float(b.bound("a")) == float(b._obs[0]) and float(b.clamp_bound("a")) == 2 * float(
+        b._obs[0]
+    )
+    b.fold()
+    assert float(b.bound("a")) == float(b.values[0])
+    saved = sv.state_dict()
+    sv.write_("a_bound", 40.0)
+    assert float(b.bound("a")) == 40.0 and float(b.support("a")[0]) == -40.0
+    sv.load_state_dict(saved)
+    assert float(b.bound("a")) == float(saved["values"][0])
+    sv.reset()
+    assert math.isnan(float(b.bound("a")))
+    b.load_state_dict({**b.state_dict(), "values": torch.tensor([0.5])})
+    assert float(b.read("a")) == 0.5
+    b.reset()
+    assert math.isnan(float(b.clamp_bound("a")))
+
+
+def test_support_is_a_snapshot_and_a_dropped_bounds_object_is_not_kept_alive():
+    import gc
+    import weakref
+
+    sv = StateVector(AdaptiveBounds.slots(["a"]))
+    b = AdaptiveBounds(["a"], state=sv)
+    lo, hi = b.support("a")
+    assert float(hi) == pytest.approx(b.floor) and float(lo) == -float(hi)
+    b.measure("a", torch.full((100,), 8.0))
+    assert float(hi) == pytest.approx(b.floor)  # kept as read: atoms spread from it stay valid
+    assert float(b.support("a")[1]) == 8.0
+    gone = weakref.ref(b)
+    del b, lo, hi
+    gc.collect()
+    assert gone() is None  # the state vector holds its refresh weakly
+    sv.write_("a_bound", 1.0)  # and forgets it
+    assert sv._watchers == []

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from trimtab._headroom import check_headroom
+from trimtab._impl import resolve_impl
 from trimtab.clamp import clamp_finite_, guard_
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
@@ -133,6 +134,13 @@ class AdaptiveBounds:
         self._above = self._counts[:, 0] if headroom == 1.0 else torch.zeros_like(self._seen)
         self._log = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # (engaged, seen) since log
         self._floor = torch.full((), self.floor, device=dev)
+        #: Every bound's readings, one row each (:data:`trimtab.kernels.bounds.ROWS`: bound,
+        #: read, clamp, neg_read), derived from the slots and the step's measurements where
+        #: either changes (:meth:`_derive`: a measure, a fold, a reset, a load, a write through
+        #: the state vector's methods), so a read is a view, not five ops.
+        self._rows = torch.empty(4, n, dtype=self.values.dtype, device=dev)
+        self._derive()
+        state.on_write(self._derive)
         #: Test hook: called as ``fault_hook(bound, x)`` right before a counted clamp checks
         #: ``x`` (fault-injection tests write a NaN there); None in normal use.
         self.fault_hook: Callable[[str, Tensor], None] | None = None
@@ -174,6 +182,7 @@ class AdaptiveBounds:
         first)."""
         i = self._i(bound)
         self._obs[i] = abs_quantile(x, self.q)
+        self._derive()  # an unset slot reads this measurement
         flat = x.detach().reshape(-1).float().abs().nan_to_num_(0.0, 0.0, 0.0)
         if flat.numel():
             torch.amax(flat, 0, out=self._max[i])
@@ -181,25 +190,41 @@ class AdaptiveBounds:
             self._max[i].zero_()
         self._seen[i].fill_(x.numel())  # fill_: a kernel argument, not a host copy
         if self.headroom != 1.0:  # the clamp is not the quantile: count its exceedances here
-            self._above[i].copy_(torch.count_nonzero(flat > self.bound(bound)))
+            self._above[i].copy_(torch.count_nonzero(flat > self._rows[0, i]))
 
     def bound(self, bound: str) -> Tensor:
         """The bound a consumer reads now: ``max(slot, floor)``, the slot read as this step's
-        measurement while it is unset; NaN (clamp nothing) when neither exists yet."""
-        i = self._i(bound)
-        v = self.values[i]
-        v = torch.where(torch.isnan(v), self._obs[i], v)
-        return torch.maximum(v, self._floor)  # maximum keeps a NaN, max(v, floor) otherwise
+        measurement while it is unset; NaN (clamp nothing) when neither exists yet. A view of
+        the derived rows: it follows the bound as the step goes on (clone it to keep it)."""
+        return self._rows[0, self._i(bound)]
 
     def read(self, bound: str) -> Tensor:
         """:meth:`bound`, reading the floor instead of NaN (for a support, which cannot be
-        undefined)."""
-        return torch.fmax(self.bound(bound), self._floor)
+        undefined). A view, as :meth:`bound`."""
+        return self._rows[1, self._i(bound)]
+
+    def support(self, bound: str) -> tuple[Tensor, Tensor]:
+        """``(-read, read)`` of ``bound`` as it stands now: one copy, kept as it is when the
+        bound moves later in the step (a support spread into atoms must stay that support)."""
+        i = self._i(bound)
+        pair = self._rows[1::2, i].clone()  # rows read, neg_read
+        return pair[1], pair[0]
 
     def clamp_bound(self, bound: str) -> Tensor:
-        """Where :meth:`clamp_` binds: ``headroom`` × :meth:`bound` (NaN: clamp nothing)."""
-        b = self.bound(bound)
-        return b if self.headroom == 1.0 else b * self.headroom
+        """Where :meth:`clamp_` binds: ``headroom`` × :meth:`bound` (NaN: clamp nothing). A
+        view, as :meth:`bound`."""
+        return self._rows[2, self._i(bound)]
+
+    def _derive(self) -> None:
+        """Refresh the read rows from the slots and the step's measurements: one launch on
+        CUDA (:func:`trimtab.kernels.bounds.derive_triton`), its torch reference elsewhere."""
+        fits = self.values.dtype == torch.float32 == self._obs.dtype
+        if resolve_impl(None, [self.values], fits=fits) == "triton":
+            from trimtab.kernels.bounds import derive_triton
+
+            derive_triton(self.values, self._obs, self._rows, self.floor, self.headroom)
+        else:
+            _derive_reference(self.values, self._obs, self._rows, self._floor, self.headroom)
 
     @torch.no_grad()
     def clamp_(self, bound: str, x: Tensor, *, count: bool = True) -> Tensor:
@@ -209,7 +234,7 @@ class AdaptiveBounds:
         exceedances); ``False`` applies the bound without counting or checking (another forward
         of the same step). Returns ``x``."""
         i = self._i(bound)
-        b = self.clamp_bound(bound).reshape(1)
+        b = self._rows[2, i : i + 1]
         if not count:
             return clamp_finite_(x, b)
         counts = self._counts[i]
@@ -235,6 +260,7 @@ class AdaptiveBounds:
         new = self.engagement.fold(self.ema, self._obs.nan_to_num(0.0), took)
         self.values.copy_(torch.where(took, new, self.values))
         self._clear_step()
+        self._derive()
         return self.values
 
     def _clear_step(self) -> None:
@@ -259,6 +285,7 @@ class AdaptiveBounds:
         self.engagement.reset()
         self._clear_step()
         self._log.zero_()
+        self._derive()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -278,12 +305,25 @@ class AdaptiveBounds:
         self.ema.load_state_dict(state["ema"])
         self.engagement.load_state_dict(state["engagement"])
         self._log.copy_(state["log"])
+        self._derive()
 
     def __repr__(self) -> str:
         return (
             f"AdaptiveBounds({list(self.names)}, q={self.q}, floor={self.floor}, "
             f"headroom={self.headroom}, {self.device})"
         )
+
+
+def _derive_reference(
+    values: Tensor, obs: Tensor, out: Tensor, floor: Tensor, headroom: float
+) -> None:
+    """:func:`trimtab.kernels.bounds.derive_triton` in torch (its oracle, the CPU path);
+    ``floor`` a 0-dim tensor."""
+    v = torch.where(torch.isnan(values), obs, values)
+    torch.maximum(v, floor, out=out[0])  # maximum keeps a NaN, max(v, floor) otherwise
+    torch.fmax(out[0], floor, out=out[1])
+    torch.mul(out[0], headroom, out=out[2])
+    torch.neg(out[1], out=out[3])
 
 
 class BoundClamp(nn.Module):

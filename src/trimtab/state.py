@@ -7,8 +7,10 @@ one layout can never be loaded into another by accident.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -96,6 +98,7 @@ class StateVector:
             dtype=torch.bool,
             device=self.tensor.device,
         )
+        self._watchers: list[weakref.WeakMethod | Callable[[], None]] = []
         unset = [s.name for s in self.slots if s.reset == "unset"]
         kept = [s.name for s in self.slots if s.reset == "keep"]
         register(
@@ -177,6 +180,24 @@ class StateVector:
             v.copy_(value.to(device=v.device, dtype=v.dtype).expand_as(v))
         else:
             v.fill_(float(value))
+        self._wrote()
+
+    def on_write(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` after every write through this object's methods (:meth:`write_`,
+        :meth:`reset`, :meth:`load_state_dict`): what keeps values derived from slots (the read
+        rows of :class:`~trimtab.AdaptiveBounds`) refreshes them there. A bound method is held
+        weakly (its object's lifetime is not extended). A producer writing its own slot view
+        in place refreshes what it derives itself."""
+        self._watchers.append(weakref.WeakMethod(fn) if inspect.ismethod(fn) else fn)
+
+    def _wrote(self) -> None:
+        alive = []
+        for w in self._watchers:
+            fn = w() if isinstance(w, weakref.WeakMethod) else w
+            if fn is not None:
+                fn()
+                alive.append(w)
+        self._watchers[:] = alive
 
     # --- lifecycle ------------------------------------------------------------------------
     def reset(self, event: str = "fold") -> None:
@@ -184,6 +205,7 @@ class StateVector:
         if event not in _EVENTS:
             raise ValueError(f"unknown reset event {event!r}; known events: {list(_EVENTS)}")
         self.tensor.masked_fill_(self._unset_mask, UNSET)
+        self._wrote()
 
     def describe(self) -> list[str]:
         """One line per slot saying what a fold boundary does to it."""
@@ -228,6 +250,7 @@ class StateVector:
                 f"expected {tuple(self.tensor.shape)}"
             )
         self.tensor.copy_(values)
+        self._wrote()
 
     def __repr__(self) -> str:
         body = ", ".join(f"{s.name}[{s.size}]" for s in self.slots)

@@ -96,7 +96,7 @@ def test_atom_positions_have_one_writer():
     assert set(calls) == {"agent.py"}, calls  # DQNAgent.atoms, which acting and learning call
     assert "agent.atoms(*support)" in sources["learner.py"]
     # and the adaptive support reads its slot through the bounds' one read-with-floor helper
-    assert 'b.read("targets")' in sources["stability.py"]
+    assert 'b.support("targets")' in sources["stability.py"]
 
 
 def test_unset_trunk_bound_does_not_clamp_acting_forwards():

@@ -225,8 +225,8 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
                 key = (b.values._version, b._obs._version)
                 if held and held[0] == key:
                     return held[1]
-                hi = b.read("targets").expand(n_branches)
-                pair = (-hi, hi)
+                lo, hi = b.support("targets")  # one copy of the bound's derived rows
+                pair = (lo.expand(n_branches), hi.expand(n_branches))
                 if device.type == "cpu":
                     held[:] = [key, pair]
                 return pair
