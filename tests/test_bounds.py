@@ -183,7 +183,7 @@ def test_reads_follow_every_write_of_the_slots():
     """The read rows are refreshed wherever the slots or the measurements change: a fold, a
     measure of an unset slot, a reset, the bounds' load, and a write through the shared state
     vector's own methods (a checkpoint load of another object that shares it)."""
-    sv = StateVector(AdaptiveBounds.slots(["a"]) + [Slot("other")])
+    sv = StateVector([*AdaptiveBounds.slots(["a"]), Slot("other")])
     b = AdaptiveBounds(["a"], state=sv, headroom=2.0)
     assert math.isnan(float(b.bound("a"))) and float(b.read("a")) == pytest.approx(b.floor)
     x = 3.0 * torch.randn(2_000, generator=torch.Generator().manual_seed(2))
