@@ -128,11 +128,16 @@ class AdaptiveBounds:
         self._index = {b: i for i, b in enumerate(names)}
         self._obs = torch.full((n,), math.nan, device=dev)  # this step's y_t (NaN: unmeasured)
         self._max = torch.zeros(n, device=dev)  # this step's M_t
-        self._seen = torch.zeros(n, dtype=torch.int64, device=dev)  # n_t
-        self._counts = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # clamp: engaged, non-fin.
-        # k_t, the quantile's exceedances: the clamp's own count when the clamp is the quantile
-        self._above = self._counts[:, 0] if headroom == 1.0 else torch.zeros_like(self._seen)
-        self._log = torch.zeros(n, 2, dtype=torch.int64, device=dev)  # (engaged, seen) since log
+        # A step's counts per bound, one tensor (one fill clears them): n_t; the clamp's engaged
+        # and non-finite counts (adjacent: the clamp kernel's counter pair); k_t, the quantile's
+        # exceedances, the clamp's own count when the clamp is the quantile.
+        self._ints = torch.zeros(n, 4, dtype=torch.int64, device=dev)
+        self._seen = self._ints[:, 0]
+        self._counts = self._ints[:, 1:3]
+        self._above = self._ints[:, 1] if headroom == 1.0 else self._ints[:, 3]
+        # (seen, engaged) since the last engaged_rates(): the first two columns' running sums
+        # (the state dict keeps them as (engaged, seen))
+        self._log = torch.zeros(n, 2, dtype=torch.int64, device=dev)
         self._floor = torch.full((), self.floor, device=dev)
         #: Every bound's readings, one row each (:data:`trimtab.kernels.bounds.ROWS`: bound,
         #: read, clamp, neg_read), derived from the slots and the step's measurements where
@@ -190,7 +195,7 @@ class AdaptiveBounds:
             self._max[i].zero_()
         self._seen[i].fill_(x.numel())  # fill_: a kernel argument, not a host copy
         if self.headroom != 1.0:  # the clamp is not the quantile: count its exceedances here
-            self._above[i].copy_(torch.count_nonzero(flat > self._rows[0, i]))
+            torch.sum(flat > self._rows[0, i], 0, out=self._above[i])
 
     def bound(self, bound: str) -> Tensor:
         """The bound a consumer reads now: ``max(slot, floor)``, the slot read as this step's
@@ -253,12 +258,11 @@ class AdaptiveBounds:
         slots' values."""
         if self.before_fold is not None:
             self.before_fold()
-        took = ~torch.isnan(self._obs)
-        self._log[:, 0].add_(torch.where(took, self._counts[:, 0], 0))
-        self._log[:, 1].add_(torch.where(took, self._seen, 0))
+        took = self._obs == self._obs  # measured this step (an unmeasured y_t is NaN)
+        self._log.add_(torch.where(took[:, None], self._ints[:, :2], 0))
         self.engagement.observe(self._above, self._seen, self._max, took)
         new = self.engagement.fold(self.ema, self._obs.nan_to_num(0.0), took)
-        self.values.copy_(torch.where(took, new, self.values))
+        torch.where(took, new, self.values, out=self.values)
         self._clear_step()
         self._derive()
         return self.values
@@ -266,14 +270,12 @@ class AdaptiveBounds:
     def _clear_step(self) -> None:
         self._obs.fill_(math.nan)
         self._max.zero_()
-        self._seen.zero_()
-        self._counts.zero_()
-        self._above.zero_()
+        self._ints.zero_()
 
     def engaged_rates(self) -> Tensor:
         """Per bound, the fraction of measured elements clamped since the last call (float64,
         NaN where nothing was measured); clears the tally."""
-        rates = self._log[:, 0].double() / self._log[:, 1].double()
+        rates = self._log[:, 1].double() / self._log[:, 0].double()
         self._log.zero_()
         return rates
 
@@ -293,7 +295,7 @@ class AdaptiveBounds:
             "values": self.values.clone(),
             "ema": self.ema.state_dict(),
             "engagement": self.engagement.state_dict(),
-            "log": self._log.clone(),
+            "log": self._log.flip(1),  # (engaged, seen)
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -304,7 +306,7 @@ class AdaptiveBounds:
         self.values.copy_(state["values"])
         self.ema.load_state_dict(state["ema"])
         self.engagement.load_state_dict(state["engagement"])
-        self._log.copy_(state["log"])
+        self._log.copy_(state["log"].flip(1))
         self._derive()
 
     def __repr__(self) -> str:

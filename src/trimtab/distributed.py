@@ -261,6 +261,7 @@ def _unpack_bounds(b: AdaptiveBounds, cols: Tensor) -> None:
     b._seen.copy_(n.to(torch.int64))
     b._counts.copy_(total[:, 4:6].to(torch.int64))
     _exceedances(b).copy_(total[:, 3].to(torch.int64))  # a view of _counts[:, 0]: the same
+    b._derive()  # an unset slot reads the reduced measurement
 
 
 # --- Sentinel: [5 per slot] = (check number, step, kind, value, origin rank) ----------------
