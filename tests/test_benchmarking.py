@@ -4,6 +4,7 @@ a results file that is not a JSON object of records is named in the error and le
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -69,3 +70,19 @@ def test_bad_file_is_named_and_left_as_it_was(tmp_path: Path, text: str, pattern
     assert str(out) in str(err.value) and "left as it is" in str(err.value)
     assert out.read_bytes() == text.encode("latin-1")
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+
+
+def test_nan_and_inf_are_written_as_null_and_the_file_is_standard_json(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    out.write_text('{"old": {"se": NaN}}\n')  # a file written before: Python's NaN literal
+    rec = {"se": math.nan, "rows": [1.0, math.inf, (-math.inf, 2)], "n": 3, "ok": "NaN"}
+    save_record(out, "new", rec)
+    text = out.read_text()
+    assert "NaN" not in text.replace('"NaN"', "") and "Infinity" not in text
+
+    def strict(c: str) -> None:
+        raise ValueError(f"non-standard JSON literal {c}")
+
+    data = json.loads(text, parse_constant=strict)
+    assert data["new"] == {"se": None, "rows": [1.0, None, [None, 2]], "n": 3, "ok": "NaN"}
+    assert data["old"] == {"se": None}

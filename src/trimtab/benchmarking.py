@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -69,6 +70,20 @@ def record_key(record: Mapping[str, Any]) -> str:
     return f"run_{record['date'][:10]}_{record['commit'][:7]}"
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every float NaN or ±Inf (a standard error of one seed, a metric that was
+    never logged) replaced by None, recursively through dicts, lists and tuples: standard JSON
+    has no NaN, and Python's ``json`` would write the non-standard literal that other readers
+    (``jq``, browsers, most JSON libraries) refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent: int = 1) -> str:
     """Store ``record`` as ``out[key]`` in a JSON file of named records; returns the key.
 
@@ -76,7 +91,8 @@ def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent
     :func:`provenance`'s date and commit). The file's other records are kept, and a record of
     the same name is replaced in place. The new file is written beside the old one and renamed
     over it, so an interrupted write leaves the old file whole; a file that is not a JSON object
-    is an error and is left as it was.
+    is an error and is left as it was. NaN and ±Inf are written as ``null`` (:func:`json_safe`):
+    the file is standard JSON.
     """
     target = Path(out).resolve()  # through a symlink, as writing to it would
     data: dict[str, Any] = {}
@@ -95,7 +111,7 @@ def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent
             )
     name = key or record_key(record)
     data[name] = record
-    text = json.dumps(data, indent=indent) + "\n"
+    text = json.dumps(json_safe(data), indent=indent, allow_nan=False) + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
