@@ -316,3 +316,25 @@ def test_atoms_follow_the_support():
     lo2[0] = -1.0  # a new tensor
     torch.testing.assert_close(agent.atoms(lo2, hi), atoms(lo2, hi, SMALL.n_atoms), rtol=0, atol=0)
     assert not torch.equal(agent.atoms(lo2, hi), agent.atoms(lo, hi))
+
+
+def test_without_iqn_loss_the_agent_builds_no_iqn_head_and_every_weight_steps():
+    """iqn_weight = 0: no IQN head (weights that never got a gradient used to ride along: the
+    optimizer then took its per-tensor step-count path, the sentinel checked them, checkpoints
+    carried them). An agent state that has the head is refused with the reason."""
+    from trimtab.rl.config import RunConfig, TrainConfig
+    from trimtab.rl.learner import build_learner
+
+    c51_only = dataclasses.replace(SMALL, iqn_weight=0.0)
+    cfg = TrainConfig(run=RunConfig(stability="adaptive"), agent=c51_only)
+    with Lifecycle():
+        learner = build_learner(cfg, 3, [2, 2], torch.device("cpu"))
+    agent = learner.agent
+    assert not hasattr(agent.online, "tau_embed") and not hasattr(agent.target, "iqn_head")
+    for s in range(3):
+        learner.learn(_batch(seed=s))
+    assert agent.optimizer._equal_steps == [True, True]  # every parameter stepped every step
+    with_head = DQNAgent(3, [2, 2], SMALL).state_dict()
+    with_head["config"] = dataclasses.asdict(c51_only)
+    with pytest.raises(ValueError, match=r"IQN head.*iqn_weight = 0"):
+        agent.load_state_dict(with_head)

@@ -173,3 +173,15 @@ def test_branch_linear_is_one_linear_layer_per_branch(lead, branches, width, out
     ours = torch.autograd.grad(y, [x, layer.weight, layer.bias], grad)
     theirs = torch.autograd.grad(einsum, [x, layer.weight, layer.bias], grad)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_without_iqn_no_head_is_built_and_quantiles_say_why():
+    net = _net([2, 3], iqn=False)
+    names = [n for n, _ in net.named_parameters()]
+    assert not [n for n in names if n.startswith(("tau_embed", "iqn_head"))]
+    full = _net([2, 3])
+    assert sum(p.numel() for p in net.parameters()) < sum(p.numel() for p in full.parameters())
+    out = net(torch.randn(4, 5))
+    assert out.logits.shape == (4, 2, 3, 7)
+    with pytest.raises(RuntimeError, match=r"no IQN head.*iqn=True"):
+        net.quantiles(out.trunk, torch.rand(4, 3))

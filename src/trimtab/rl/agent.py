@@ -203,6 +203,7 @@ class DQNAgent:
             self.obs_dim, self.branch_sizes, hidden=cfg.hidden, depth=cfg.depth,
             n_atoms=cfg.n_atoms, iqn_embed=cfg.iqn_embed, head_hidden=cfg.head_hidden,
             trunk=cfg.trunk, dueling=cfg.dueling, trunk_out=trunk_out,  # type: ignore[arg-type]
+            iqn=cfg.iqn_weight > 0,
         )  # fmt: skip
 
     def precision(self) -> torch.autocast:
@@ -391,6 +392,20 @@ class DQNAgent:
                 "agent state was saved with a different config, branch sizes or obs_dim "
                 f"({state['branch_sizes']}, {state['obs_dim']}); construct the agent with "
                 "AgentConfig.from_dict(state['config']) to resume"
+            )
+        ours, theirs = set(self.online.state_dict()), set(state["online"])
+        if ours != theirs:
+            iqn = sorted(k for k in theirs - ours if k.startswith(("tau_embed.", "iqn_head.")))
+            why = (
+                f" (it has an IQN head, {iqn[:2]}..., which an agent with iqn_weight = 0 no "
+                "longer builds: it was written by an earlier trimtab; resume it with that "
+                "version, or start a fresh run)"
+                if iqn
+                else ""
+            )
+            raise ValueError(
+                f"agent state's network weights do not match this network{why}: missing "
+                f"{sorted(ours - theirs)[:4]}, unexpected {sorted(theirs - ours)[:4]}"
             )
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])

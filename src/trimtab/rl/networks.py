@@ -145,7 +145,9 @@ class BranchingQNetwork(nn.Module):
       ``Σ_i z_i softmax(ℓ_d(x, a))_i`` for atoms ``z`` given by the caller (:func:`expected_q`).
       ``dueling=False`` drops the value stream: ``ℓ_d(x, a) = A_d(h, a)``.
     - IQN head (Dabney et al. 2018): ``φ_j(τ) = ReLU(Σ_{i=0}^{n−1} cos(π i τ) w_ij + b_j)``,
-      ``Z_τ(x, a) = g_d(h ⊙ φ(τ))`` with the same dueling-branch structure.
+      ``Z_τ(x, a) = g_d(h ⊙ φ(τ))`` with the same dueling-branch structure; ``iqn=False``
+      builds none (an agent whose loss has no IQN term: no weights that never train, for the
+      optimizer, the sentinel and the checkpoints to carry).
 
     Unequal branch sizes are padded to ``max(branch_sizes)``; :attr:`action_mask` ``[D, A_max]``
     marks the real actions. ``Discrete(n)`` is ``branch_sizes=[n]``; ``MultiDiscrete(v)`` is
@@ -164,6 +166,7 @@ class BranchingQNetwork(nn.Module):
         trunk: TrunkKind = "layernorm",
         dueling: bool = True,
         trunk_out: nn.Module | None = None,
+        iqn: bool = True,
     ) -> None:
         super().__init__()
         branch_sizes = [int(n) for n in branch_sizes]
@@ -179,11 +182,14 @@ class BranchingQNetwork(nn.Module):
         self.trunk = _make_trunk(obs_dim, hidden, depth, trunk)
         self.trunk_out = trunk_out if trunk_out is not None else nn.Identity()
         self.c51_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, n_atoms, dueling)
-        self.tau_embed = nn.Linear(iqn_embed, hidden)
-        self.iqn_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, 1, dueling)
-        self.register_buffer(
-            "cos_freq", math.pi * torch.arange(iqn_embed, dtype=torch.float32), persistent=False
-        )
+        self.iqn = bool(iqn)
+        if self.iqn:
+            self.tau_embed = nn.Linear(iqn_embed, hidden)
+            self.iqn_head = _DuelingBranchHead(hidden, head_hidden, branch_sizes, 1, dueling)
+            self.register_buffer(
+                "cos_freq", math.pi * torch.arange(iqn_embed, dtype=torch.float32),
+                persistent=False,
+            )  # fmt: skip
         mask = torch.arange(max(branch_sizes)) < torch.tensor(branch_sizes).unsqueeze(1)
         self.register_buffer("action_mask", mask, persistent=False)
 
@@ -201,6 +207,11 @@ class BranchingQNetwork(nn.Module):
 
     def quantiles(self, trunk: Tensor, taus: Tensor) -> Tensor:
         """IQN quantile values ``Z_τ(x, a)``: ``trunk [B, H]``, ``taus [B, T] -> [B, T, D, A]``."""
+        if not self.iqn:
+            raise RuntimeError(
+                "this network has no IQN head (built with iqn=False, as an agent with "
+                "iqn_weight = 0 builds it); build it with iqn=True to take quantiles"
+            )
         phi = torch.relu(self.tau_embed(torch.cos(taus.unsqueeze(-1) * self.cos_freq)))
         return self.iqn_head(trunk.unsqueeze(1) * phi).squeeze(-1)
 
