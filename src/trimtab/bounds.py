@@ -144,6 +144,8 @@ class AdaptiveBounds:
         #: either changes (:meth:`_derive`: a measure, a fold, a reset, a load, a write through
         #: the state vector's methods), so a read is a view, not five ops.
         self._rows = torch.empty(4, n, dtype=self.values.dtype, device=dev)
+        fits = self.values.dtype == torch.float32 == self._obs.dtype
+        self._derive_impl = resolve_impl(None, [self.values], fits=fits)  # the device is fixed
         self._derive()
         state.on_write(self._derive)
         #: Test hook: called as ``fault_hook(bound, x)`` right before a counted clamp checks
@@ -223,8 +225,7 @@ class AdaptiveBounds:
     def _derive(self) -> None:
         """Refresh the read rows from the slots and the step's measurements: one launch on
         CUDA (:func:`trimtab.kernels.bounds.derive_triton`), its torch reference elsewhere."""
-        fits = self.values.dtype == torch.float32 == self._obs.dtype
-        if resolve_impl(None, [self.values], fits=fits) == "triton":
+        if self._derive_impl == "triton":
             from trimtab.kernels.bounds import derive_triton
 
             derive_triton(self.values, self._obs, self._rows, self.floor, self.headroom)
