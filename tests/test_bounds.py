@@ -223,3 +223,24 @@ def test_support_is_a_snapshot_and_a_dropped_bounds_object_is_not_kept_alive():
     assert gone() is None  # the state vector holds its refresh weakly
     sv.write_("a_bound", 1.0)  # and forgets it
     assert sv._watchers == []
+
+
+def test_a_copy_watches_its_own_state_vector():
+    """copy.deepcopy of bounds (or of a network holding a BoundClamp, as a target network is
+    often made) copies the state vector's watchers: the copy's rows follow the copy's slots."""
+    import copy
+    import pickle
+
+    b = AdaptiveBounds(["a"])
+    c = copy.deepcopy(b)
+    assert c.state is not b.state and c._rows.data_ptr() != b._rows.data_ptr()
+    c.state.write_("a_bound", 5.0)
+    assert float(c.bound("a")) == 5.0 and math.isnan(float(b.bound("a")))
+    b.state.write_("a_bound", 2.0)
+    assert float(b.bound("a")) == 2.0 and float(c.bound("a")) == 5.0
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), BoundClamp(b, "a"))
+    twin = copy.deepcopy(net)
+    twin[1].bounds.state.write_("a_bound", 7.0)
+    assert float(twin[1].bounds.read("a")) == 7.0 and float(b.read("a")) == 2.0
+    sv = pickle.loads(pickle.dumps(b.state))  # a state vector alone pickles as before
+    assert torch.equal(sv.tensor, b.state.tensor)

@@ -190,6 +190,21 @@ class StateVector:
         in place refreshes what it derives itself."""
         self._watchers.append(weakref.WeakMethod(fn) if inspect.ismethod(fn) else fn)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For ``copy.deepcopy`` and pickle: the watchers as strong references (a weak one cannot
+        be copied), so a copy of an object that watches this vector watches the copy."""
+        state = self.__dict__.copy()
+        fns = (w() if isinstance(w, weakref.WeakMethod) else w for w in self._watchers)
+        state["_watchers"] = [fn for fn in fns if fn is not None]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        watchers = state.pop("_watchers", [])
+        self.__dict__.update(state)
+        self._watchers = []
+        for fn in watchers:
+            self.on_write(fn)
+
     def _wrote(self) -> None:
         alive = []
         for w in self._watchers:
