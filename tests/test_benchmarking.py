@@ -86,3 +86,50 @@ def test_nan_and_inf_are_written_as_null_and_the_file_is_standard_json(tmp_path:
     data = json.loads(text, parse_constant=strict)
     assert data["new"] == {"se": None, "rows": [1.0, None, [None, 2]], "n": 3, "ok": "NaN"}
     assert data["old"] == {"se": None}
+
+
+def test_source_commit_names_the_checkout_its_package_is_in_or_nothing(tmp_path: Path) -> None:
+    """A record's commit is the commit of the source that ran: HEAD of the checkout holding the
+    package, ``-dirty`` for edits to the package (not elsewhere), None for an exported tree the
+    checkout around it does not track, and TRIMTAB_COMMIT above all."""
+    import shutil
+    import subprocess
+    import sys
+
+    from trimtab import _source
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    pkg = repo / "src" / "trimtab"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    shutil.copy(_source.__file__, pkg / "_source.py")
+    (repo / "notes.txt").write_text("a\n")
+    (repo / ".gitignore").write_text("export/\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    head = git("rev-parse", "HEAD")
+    env = {k: v for k, v in os.environ.items() if k != "TRIMTAB_COMMIT"}
+
+    def probe(root: Path, **extra: str) -> str:
+        code = "from trimtab._source import source_commit; print(source_commit())"
+        run_env = {**env, "PYTHONPATH": str(root), **extra}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=run_env)  # fmt: skip
+        return out.stdout.strip()
+
+    assert probe(repo / "src") == head
+    (repo / "notes.txt").write_text("b\n")  # a tracked change outside the package
+    assert probe(repo / "src") == head
+    (pkg / "__init__.py").write_text("# edited\n")
+    assert probe(repo / "src") == head + "-dirty"
+    shutil.copytree(pkg, repo / "export" / "trimtab")  # an ignored export of some other tree
+    assert probe(repo / "export") == "None"
+    assert probe(repo / "export", TRIMTAB_COMMIT="abc1234") == "abc1234"

@@ -13,7 +13,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import uuid
 from collections.abc import Mapping
@@ -22,22 +21,15 @@ from typing import Any
 
 import torch
 
+from trimtab._source import source_commit
+
 __all__ = ["commit", "provenance", "record_key", "save_record"]
 
 
 def commit() -> str:
-    """``TRIMTAB_COMMIT`` if set, else ``git rev-parse HEAD`` of this checkout, else unknown."""
-    env = os.environ.get("TRIMTAB_COMMIT")
-    if env:
-        return env
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-            cwd=Path(__file__).resolve().parent,
-        )  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
+    """:func:`trimtab._source.source_commit` (``TRIMTAB_COMMIT``, or the checkout's ``HEAD`` with
+    ``-dirty``), or ``"unknown"``."""
+    return source_commit() or "unknown"
 
 
 def provenance(device: torch.device | str | None = None) -> dict[str, Any]:

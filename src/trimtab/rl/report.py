@@ -198,25 +198,16 @@ def aggregate_folds(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def run_identity(argv: list[str] | None = None) -> dict[str, Any]:
-    """What produced a run: trimtab's version, the git commit of its source (if it is a git
-    checkout; ``-dirty`` with uncommitted changes) and the command line."""
+    """What produced a run: trimtab's version, the commit of its source
+    (:func:`trimtab._source.source_commit`: ``TRIMTAB_COMMIT``, or the git checkout's ``HEAD``,
+    ``-dirty`` with uncommitted changes to the package) and the command line."""
     import shlex
-    import subprocess
     import sys
 
     from trimtab import __version__
+    from trimtab._source import source_commit
 
-    commit = None
-    src = Path(__file__).resolve().parent
-    try:
-        git = ["git", "-C", str(src)]
-        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()  # fmt: skip
-        status = [*git, "status", "--porcelain", "--untracked-files=no"]
-        dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip()
-        commit = head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass  # not a git checkout (an installed wheel), or no git: the version says enough
+    commit = source_commit()  # None: an installed wheel, or no git; the version says enough
     argv = sys.argv if argv is None else argv
     return {"version": __version__, "commit": commit, "command": shlex.join(argv)}
 
