@@ -24,11 +24,12 @@ def source_commit() -> str | None:
     env = os.environ.get("TRIMTAB_COMMIT")
     if env:
         return env
-    git = ["git", "-C", str(_PACKAGE)]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(_PACKAGE), *args], capture_output=True,
+                              text=True, timeout=10)  # fmt: skip
+
     try:
-        run = lambda *a: subprocess.run(  # noqa: E731
-            [*git, *a], capture_output=True, text=True, timeout=10
-        )
         head = run("rev-parse", "HEAD")
         if head.returncode != 0:
             return None

@@ -194,8 +194,7 @@ class StateVector:
         """For ``copy.deepcopy`` and pickle: the watchers as strong references (a weak one cannot
         be copied), so a copy of an object that watches this vector watches the copy."""
         state = self.__dict__.copy()
-        fns = (w() if isinstance(w, weakref.WeakMethod) else w for w in self._watchers)
-        state["_watchers"] = [fn for fn in fns if fn is not None]
+        state["_watchers"] = self._live()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -205,14 +204,20 @@ class StateVector:
         for fn in watchers:
             self.on_write(fn)
 
-    def _wrote(self) -> None:
-        alive = []
+    def _live(self) -> list[Callable[[], None]]:
+        """The watchers whose objects are alive, as callables; the dead ones are dropped."""
+        kept, fns = [], []
         for w in self._watchers:
             fn = w() if isinstance(w, weakref.WeakMethod) else w
             if fn is not None:
-                fn()
-                alive.append(w)
-        self._watchers[:] = alive
+                kept.append(w)
+                fns.append(fn)
+        self._watchers[:] = kept
+        return fns
+
+    def _wrote(self) -> None:
+        for fn in self._live():
+            fn()
 
     # --- lifecycle ------------------------------------------------------------------------
     def reset(self, event: str = "fold") -> None:
