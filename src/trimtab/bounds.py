@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trimtab._cadence import Cadence
 from trimtab._headroom import check_headroom
 from trimtab._impl import resolve_impl
 from trimtab.clamp import clamp_finite_, guard_
@@ -54,6 +55,13 @@ class AdaptiveBounds:
     counts exceedances of the quantile, so it keeps its meaning (a stale *estimate*, at the
     rate ``1 - q`` it expects); :meth:`engaged_rates` reports the clamp's own engagements.
 
+    **Cadence.** ``measure_every = k`` measures on steps ``0, k, 2k, ...`` of those counted by
+    :meth:`fold` since the last reset (a host count: choosing costs nothing): on the others
+    :meth:`measure` returns at once and :meth:`fold` folds nothing, while :meth:`clamp_`
+    checks and clamps at the bound in force on every step. The statistics then cost ``1/k`` of
+    theirs per step, and the bound follows a change of scale ``k`` times fewer steps behind;
+    a captured CUDA graph replays one step, so capture with ``k = 1``.
+
     A bound not measured in a step keeps its slot and statistics. Everything is computed on the
     device (no host sync; CUDA-graph capturable once warmed up). The object owns its slots (in
     ``state``, or a state vector of its own), its estimator, its engagement correction and its
@@ -88,6 +96,7 @@ class AdaptiveBounds:
         phase: str = "forward",
         add_slots: bool = True,
         name: str = "bounds",
+        measure_every: int = 1,
     ) -> None:
         names = tuple(names)
         if not names or len(set(names)) != len(names):
@@ -99,6 +108,9 @@ class AdaptiveBounds:
         headroom = check_headroom(headroom, "headroom", "clamp")
         self.names, self.q, self.floor, self.name = names, float(q), float(floor), name
         self.headroom = headroom
+        #: which steps measure (:meth:`fold` counts them); :attr:`measuring` on the due ones
+        self.cadence = Cadence(measure_every, f"AdaptiveBounds({name!r})")
+        self._measured = False  # a measure() this step (host): fold() has work
         self.sentinel = sentinel
         if state is None:
             state = StateVector(self.slots(names), device=device)
@@ -182,12 +194,20 @@ class AdaptiveBounds:
             raise KeyError(f"no bound {bound!r}; this object has {list(self.names)}") from None
 
     # --- the step ------------------------------------------------------------------------------
+    @property
+    def measuring(self) -> bool:
+        """Whether this step measures (``measure_every``'s cadence; always with 1)."""
+        return self.cadence.due
+
     @torch.no_grad()
     def measure(self, bound: str, x: Tensor) -> None:
         """Record this step's ``q``-quantile, largest finite value and count of ``|x|`` for
         ``bound`` (call it before any clamp of ``x``; a second call in a step replaces the
-        first)."""
+        first). Nothing on a step that :attr:`measuring` says does not measure."""
         i = self._i(bound)
+        if not self.cadence.due:
+            return
+        self._measured = True
         self._obs[i] = abs_quantile(x, self.q)
         self._derive()  # an unset slot reads this measurement
         flat = x.detach().reshape(-1).float().abs().nan_to_num_(0.0, 0.0, 0.0)
@@ -255,10 +275,17 @@ class AdaptiveBounds:
     @torch.no_grad()
     def fold(self) -> Tensor:
         """End of step: test engagement and fold every bound measured this step into its slot
-        (one estimator update for all of them), then clear the step's records. Returns the
-        slots' values."""
+        (one estimator update for all of them), then clear the step's records and count the
+        step (the cadence). A step that measured nothing folds nothing (the estimator would
+        leave every slot as it is): it clears the clamps' counts. Returns the slots' values."""
         if self.before_fold is not None:
             self.before_fold()
+        self.cadence.refuse_capture(repr(self))
+        self.cadence.advance()
+        if not self._measured and self.before_fold is None:
+            self._ints.zero_()  # an unmeasured step's engagements are not logged
+            return self.values
+        self._measured = False
         took = self._obs == self._obs  # measured this step (an unmeasured y_t is NaN)
         self._log.add_(torch.where(took[:, None], self._ints[:, :2], 0))
         self.engagement.observe(self._above, self._seen, self._max, took)
@@ -288,6 +315,8 @@ class AdaptiveBounds:
         self.engagement.reset()
         self._clear_step()
         self._log.zero_()
+        self.cadence.reset()
+        self._measured = False
         self._derive()
 
     def state_dict(self) -> dict[str, Any]:
@@ -297,6 +326,7 @@ class AdaptiveBounds:
             "ema": self.ema.state_dict(),
             "engagement": self.engagement.state_dict(),
             "log": self._log.flip(1),  # (engaged, seen)
+            "cadence": self.cadence.state_dict(),  # steps since the reset
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -308,12 +338,13 @@ class AdaptiveBounds:
         self.ema.load_state_dict(state["ema"])
         self.engagement.load_state_dict(state["engagement"])
         self._log.copy_(state["log"].flip(1))
+        self.cadence.load(state.get("cadence"))
         self._derive()
 
     def __repr__(self) -> str:
         return (
             f"AdaptiveBounds({list(self.names)}, q={self.q}, floor={self.floor}, "
-            f"headroom={self.headroom}, {self.device})"
+            f"headroom={self.headroom}, measure_every={self.cadence.every}, {self.device})"
         )
 
 
@@ -346,6 +377,10 @@ class BoundClamp(nn.Module):
         self.bounds, self.bound = bounds, bound
 
     def forward(self, h: Tensor) -> Tensor:
+        if not (torch.is_grad_enabled() and h.requires_grad):
+            # not back-propagated (acting, next-state, target passes): the bound as it stands,
+            # on a copy, with no autograd node (what _BoundClampFn does here, less its cost)
+            return self.bounds.clamp_(self.bound, h.detach().clone(), count=False)
         with torch.autocast(h.device.type, enabled=False):
             return _BoundClampFn.apply(h, self.bounds, self.bound)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from trimtab._cadence import Cadence
 from trimtab._headroom import check_headroom
 from trimtab._impl import resolve_impl
 from trimtab.clamp import scale_finite_
@@ -79,6 +80,11 @@ class AdaptiveGradClip:
     as zero, so it then rejected a raise. On log-normal norms the clip now binds on 1.0-1.2% of
     steps at a stationary scale (was 13-85%) and 3% through a steady tenfold rise (was 31-100%).
 
+    **Cadence.** ``measure_every = k``: the window takes every step's norm and the clip binds
+    on every step, but the window's quantile, the test and the fold (step 3 after the window)
+    run on steps ``0, k, 2k, ...`` since the last reset only (a host count); in between the
+    bound stays as it is. A captured CUDA graph replays one step: capture with ``k = 1``.
+
     The bound lives in slot ``{prefix}_bound`` (one value per group) of a
     :class:`~trimtab.StateVector`, its own or one passed in. Registers :meth:`reset` with the
     active :class:`~trimtab.Lifecycle`. Nothing is read back to the host.
@@ -101,6 +107,7 @@ class AdaptiveGradClip:
         state_vector: StateVector | None = None,
         prefix: str = "grad_clip",
         headroom: float = 1.0,
+        measure_every: int = 1,
     ) -> None:
         groups = self._as_groups(params_or_groups)
         headroom = check_headroom(headroom, "headroom", "clip")
@@ -114,6 +121,8 @@ class AdaptiveGradClip:
         self.headroom = headroom
         self.window = window
         self.prefix = prefix
+        #: which steps refit the bound (each call counts one)
+        self.cadence = Cadence(measure_every, f"AdaptiveGradClip({prefix!r})")
         params = [p for g in groups for p in g]
         if not params:
             raise ValueError("AdaptiveGradClip got an empty parameter list")
@@ -178,6 +187,7 @@ class AdaptiveGradClip:
         self.nonfinite.zero_()
         self.engaged.zero_()
         self._logged.zero_()
+        self.cadence.reset()
 
     def _counts(self) -> torch.Tensor:
         return torch.cat([self.engaged, self._count.reshape(1)])
@@ -222,7 +232,12 @@ class AdaptiveGradClip:
                     "impl='triton' cannot reduce sharded norms over ranks; pass impl=None"
                 )
             step_impl = "torch"
-        if self._impl(step_impl, norms, len(grads)) == "triton":
+        refit = self.cadence.due
+        self.cadence.refuse_capture(f"AdaptiveGradClip({self.prefix!r})")
+        self.cadence.advance()
+        if not refit:  # the window takes the norm; the bound stays until the next refit
+            scale, total = self._record_reference(norms, index)
+        elif self._impl(step_impl, norms, len(grads)) == "triton":
             from trimtab.kernels.clip import clip_step_triton
 
             scale = torch.empty_like(norms)
@@ -264,6 +279,22 @@ class AdaptiveGradClip:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The step after the per-tensor norms (the kernel's reference): returns the per-tensor
         scale (0 for a non-finite tensor) and the total norm of the finite ones."""
+        scale, total = self._record_reference(norms, index)
+        self._refit_reference()
+        return scale, total
+
+    def _in_force(self) -> torch.Tensor:
+        """The bound in force: the slot, floored; +Inf (no clip) while unset."""
+        floor = torch.full((), CLIP_BOUND_FLOOR, device=self.device)
+        slot = self.bound
+        return torch.where(torch.isnan(slot), math.inf, torch.fmax(slot, floor))
+
+    def _record_reference(
+        self, norms: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every step's part: the group norms, the clip's coefficients, the engaged count and
+        the window's new entry (negated above the bound in force). Returns as
+        :meth:`_step_reference`."""
         finite = torch.isfinite(norms)
         self.nonfinite[0].add_((~finite).sum())
         sq = torch.where(finite, norms, 0.0).square()
@@ -275,9 +306,7 @@ class AdaptiveGradClip:
             total = sq.sum().sqrt()
         group_norm = group_norm.sqrt()
 
-        slot = self.bound
-        floor = torch.full((), CLIP_BOUND_FLOOR, device=self.device)
-        bound = torch.where(torch.isnan(slot), math.inf, torch.fmax(slot, floor))
+        bound = self._in_force()
         clip_at = bound if self.headroom == 1.0 else bound * self.headroom
         coef = (clip_at / (group_norm + NORM_EPS)).clamp(max=1.0)
         per_tensor = torch.where(finite, coef[index], 0.0)
@@ -290,6 +319,12 @@ class AdaptiveGradClip:
         position = (self._count % self.window).reshape(1, 1).expand(self.num_bounds, 1)
         self._history.scatter_(1, position, newest[:, None])
         self._count.add_(1)
+        return per_tensor, total
+
+    def _refit_reference(self) -> None:
+        """A due step's part: the window's quantile and engagement count, the test and the
+        fold; the new bound into the slot."""
+        bound = self._in_force()
         magnitude = self._history.abs()
         seen = magnitude.isfinite()
         # The engagement test on the window's count (k of its n steps exceeded their bound);
@@ -298,8 +333,7 @@ class AdaptiveGradClip:
         quantile = abs_quantiles(list(self._history.unbind()), self.quantile, impl="torch")
         self.engagement.observe(k, seen.sum(1), quantile, impl="torch")
         estimate = self._ema.update_log(quantile, impl="torch")
-        slot.copy_(self.engagement.correct(torch.minimum(estimate, bound)))
-        return per_tensor, total
+        self.bound.copy_(self.engagement.correct(torch.minimum(estimate, bound)))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -311,6 +345,7 @@ class AdaptiveGradClip:
             "nonfinite": self.nonfinite.clone(),
             "engaged": self.engaged.clone(),
             "logged": self._logged.clone(),
+            "cadence": self.cadence.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -328,3 +363,4 @@ class AdaptiveGradClip:
         self.engaged.copy_(state["engaged"])
         # a checkpoint from before engaged_rate(): its next interval starts at the load
         self._logged.copy_(state["logged"] if "logged" in state else self._counts())
+        self.cadence.load(state.get("cadence"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import random_batch, tiny
+from rl_helpers import random_batch, tiny, wired_learner
 
 from trimtab.lifecycle import Lifecycle
 from trimtab.quantile import abs_quantile
@@ -141,8 +141,9 @@ def test_sanitize_steps_with_finite_weights(mode):
 
 def test_trunk_clamp_counts_only_the_training_forward():
     """Defect 3: the engagement counts of the trunk clamp are those of the training forward
-    (the next-state forwards no longer overwrite them), checked number for number."""
-    learner, _ = _learner()
+    (the next-state forwards no longer overwrite them), checked number for number. Every
+    step measures (measure_every = 1): the second step's counts are folded."""
+    learner = wired_learner(tiny(Path("unused"), measure_every=1))
     bounds = learner.stability.bounds
     learner.learn(_scaled_batch(1.0, 0))  # the trunk bound exists now
     captured = []

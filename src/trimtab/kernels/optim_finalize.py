@@ -324,7 +324,8 @@ def _finalize_kernel(
         so = start + st
         sp = tl.load(step_ptrs + so, mask=so < num_steps, other=0).to(tl.pointer_type(tl.float32))
         tl.store(sp, tl.load(sp, mask=so < num_steps) + 1.0, mask=(so < num_steps) & keep_st)
-    tl.store(phase, tl.where(skipped == 0.0, (ph + 1) % PERIOD, ph))
+    if STATS:  # the sampling phase steps with the statistics
+        tl.store(phase, tl.where(skipped == 0.0, (ph + 1) % PERIOD, ph))
 
 
 def finalize_triton(

@@ -22,26 +22,28 @@ class ReferenceFinalize:
         self, observed: list[bool], steps: list[torch.Tensor], skip: torch.Tensor | None
     ) -> None:
         """The finalize in torch (the CPU path, and the finalize kernel's oracle): reduce the
-        workspace, take the quantiles, fold, step the counters and the phase, clear."""
+        workspace, take the quantiles, fold, step the counters, clear; the sampling phase
+        steps with the statistics (a step without them leaves it, and the cleared workspace)."""
         keep = None if skip is None else skip == 0
-        if any(observed):
+        stats = any(observed)
+        if stats:
             q, nxt = lay.window_quantiles_reference(self._ints, self._sel, self.quantile)
             parts = lay.parts_reference(self._parts)
             s = torch.cat([parts[:, :8], q, self._deficit[:, None], parts[:, 8:]], dim=1)
             l1_coef = torch.fmax(self._slot("l1"), torch.zeros((), device=self.device))
             self._fold(s, observed, l1_coef, keep)
             self._sel.copy_(nxt if keep is None else torch.where(keep, nxt, self._sel))
-        self._ints.zero_()
-        self._parts.zero_()
-        self._deficit.fill_(math.nan)
+            self._ints.zero_()
+            self._parts.zero_()
+            self._deficit.fill_(math.nan)
         if keep is None:
             torch._foreach_add_(steps, 1.0)
-            self._phase.add_(1)
         else:
             inc = keep.float()
             torch._foreach_add_(steps, [inc.to(s.device) for s in steps])
-            self._phase.add_(keep.int())
-        self._phase.remainder_(lay.PHASE_PERIOD)
+        if stats:
+            self._phase.add_(1 if keep is None else keep.int())
+            self._phase.remainder_(lay.PHASE_PERIOD)
 
     def _fold(
         self,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trimtab._cadence import Cadence
 from trimtab._headroom import check_headroom
 from trimtab._impl import resolve_impl
 from trimtab.engagement import EngagementCorrection
@@ -198,6 +199,13 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
     per group. Its
     fingerprint goes into :meth:`state_dict`; a mismatched layout refuses to load.
 
+    **Cadence** (``measure_every = k``): the statistics are taken, and folded into the slots,
+    on steps ``0, k, 2k, ...`` since the last reset (a host count; the sampling phase advances
+    on those steps only, so the rotating sample still covers every chunk); every step updates
+    the weights with the coefficients and clamp in force. Between measurements a slot is as
+    the last one left it: the weights move by at most ``k`` learning-rate steps meanwhile. A
+    captured CUDA graph replays one step: capture with ``k = 1``.
+
     **Reset**: :meth:`reset_state` zeroes moments and step counts and forgets every estimate;
     the optimizer registers it with the active :class:`~trimtab.Lifecycle` on construction.
 
@@ -230,6 +238,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         state_vector: StateVector | None = None,
         prefix: str = "adam",
         impl: str | None = None,
+        measure_every: int = 1,
     ) -> None:
         if isinstance(quantile, bool) or not isinstance(quantile, float) or not 0 < quantile < 1:
             raise ValueError(f"quantile must be a float in (0, 1), got {quantile!r}")
@@ -245,6 +254,8 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             capturable=capturable,
         )
         _check_group(defaults)
+        #: which steps take the statistics (each step counts one)
+        self.cadence = Cadence(measure_every, "trimtab.optim.Adam")
         self._sealed = False
         super().__init__(params, defaults)
         self._sealed = True
@@ -469,6 +480,9 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         if self.impl == "triton":
             from trimtab.kernels.optim import adam_group_step_triton as kernel_step
         observed = [False] * len(self.param_groups)
+        measure = self.cadence.due
+        self.cadence.refuse_capture("trimtab.optim.Adam")
+        self.cadence.advance()
         all_steps: list[torch.Tensor] = []
         for gi, group in enumerate(self.param_groups):
             params, grads, ms, vs, steps = self._group_tensors(group)
@@ -479,7 +493,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
                 raise ValueError(
                     "the Triton path takes a Python float lr; use impl='torch' for a tensor lr"
                 )
-            stats = self._needs_stats(group)
+            stats = measure and self._needs_stats(group)
             observed[gi] = stats
             l1_params = [group["l1"] and p.dim() >= 2 for p in params]
             if stats and any(l1_params):
@@ -506,7 +520,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             self._note_stepped(gi, len(params))
         if not all_steps:
             return loss
-        if self.reduce_hook is not None:
+        if self.reduce_hook is not None and any(observed):  # the ranks count alike
             self.reduce_hook(self)
         if self.impl == "triton" and self._finalize_impl == "triton":
             self._finalize_triton(observed, all_steps, skip)
@@ -548,6 +562,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         for name in SLOT_NAMES:
             self._slot(name).fill_(math.nan)
         self._equal_steps = [True] * len(self.param_groups)
+        self.cadence.reset()
         self._clear_workspace()
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -559,6 +574,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             "engagement": self.engagement.state_dict(),
             "quantile_bins": self._sel.clone(),
             "sample_phase": self._phase.clone(),
+            "cadence": self.cadence.state_dict(),
         }
         return sd
 
@@ -587,5 +603,6 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             self._sel.copy_(bins)
         if extra.get("sample_phase") is not None:
             self._phase.copy_(extra["sample_phase"])
+        self.cadence.load(extra.get("cadence"))
         for group in self.param_groups:
             _check_group(group)

@@ -18,6 +18,7 @@ from trimtab.rl.configio import ConfigError
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "CPU_MEASURE_EVERY",
     "CUDA_DEFAULTS",
     "DEFAULT_CHECK_EVERY",
     "DataConfig",
@@ -26,6 +27,8 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "WalkForwardConfig",
+    "measure_every",
+    "uses_cuda_graph",
     "with_device_defaults",
 ]
 
@@ -41,6 +44,11 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
     "fp16": torch.float16,
 }
 CudaGraph = Literal["auto", "on", "off"]
+#: run.measure_every = "auto" on an eager learn step (the CPU's): learn steps per measurement
+#: of the adaptive bounds. Chosen by the CPU step's cost (README "On the CPU": at 8 the
+#: adaptive step costs at most 1.3x off's), not by any return.
+CPU_MEASURE_EVERY = 8
+
 #: run.check_every's default: learn steps between host reads of the sentinel's flag (as
 #: run.log_every's default, so a default run reads the host no more often than it logs)
 DEFAULT_CHECK_EVERY = 50
@@ -129,6 +137,14 @@ class RunConfig:
     # read at each metrics row, before each checkpoint and at each fold end). Under "halt" a
     # fire is found up to check_every - 1 steps late; the report names the step it fired at.
     check_every: int = DEFAULT_CHECK_EVERY
+    # adaptive mode: learn steps per measurement of the measured bounds (the targets' and the
+    # trunk's quantiles, the gradient clip's refit, Adam's weight statistics, with their
+    # engagement tests and folds); every clamp and the clip bind at the bound in force on every
+    # step. "auto": 1 where the learn step is captured in a CUDA graph (the statistics cost
+    # ~nothing there), CPU_MEASURE_EVERY where it runs eagerly, as on the CPU (where they cost
+    # about as much as the rest of the step). An integer > 1 needs an eager step (cuda_graph =
+    # "off" on CUDA). README: On the CPU.
+    measure_every: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         bad = []
@@ -162,6 +178,24 @@ class RunConfig:
                 "cuda_graph='on' captures the learn step in a CUDA graph, which needs "
                 "device='cuda'; on the CPU set cuda_graph='auto' or 'off'"
             )
+        if self.measure_every != "auto":
+            if type(self.measure_every) is not int or self.measure_every < 1:
+                bad.append(
+                    f"measure_every={self.measure_every!r} must be 'auto' or an integer >= 1 "
+                    "(learn steps per measurement of the adaptive bounds)"
+                )
+            elif self.stability != "adaptive":
+                bad.append(
+                    f"measure_every={self.measure_every} applies to the measured bounds; "
+                    f"stability={self.stability!r} measures none: set stability='adaptive' or "
+                    "leave measure_every at 'auto'"
+                )
+            elif self.measure_every > 1 and self.cuda_graph == "on":
+                bad.append(
+                    f"measure_every={self.measure_every} picks the measuring steps on the host, "
+                    "and a captured CUDA graph replays one step: set cuda_graph='off', or "
+                    "measure_every=1 (or 'auto') to capture"
+                )
         if type(self.check_every) is not int or self.check_every < 1:
             bad.append(f"check_every={self.check_every!r} must be an integer >= 1 (learn steps)")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -340,3 +374,32 @@ def inapplicable_keys(cfg: TrainConfig) -> list[str]:
             + _changed(cfg.walkforward, WalkForwardConfig(), "walkforward")
         )
     return _changed(cfg.gym, GymConfig(), "gym")
+
+
+def uses_cuda_graph(run: RunConfig, device: torch.device) -> bool:
+    """Whether ``run.cuda_graph`` captures the learn step on ``device``: ``"auto"`` on CUDA,
+    ``"on"`` (refused on the CPU), never with ``"off"``."""
+    if run.cuda_graph == "on" and device.type != "cuda":
+        raise ConfigError(
+            f"run.cuda_graph = 'on' captures the learn step in a CUDA graph, which needs a CUDA "
+            f"device; this run is on {device}: set run.device = 'cuda', or run.cuda_graph = "
+            "'auto' (captures on CUDA only) or 'off'"
+        )
+    return run.cuda_graph == "on" or (run.cuda_graph == "auto" and device.type == "cuda")
+
+
+def measure_every(run: RunConfig, device: torch.device) -> int:
+    """``run.measure_every`` resolved on ``device``: ``"auto"`` is 1 where the learn step is
+    captured (:func:`uses_cuda_graph`), :data:`CPU_MEASURE_EVERY` where it is eager; an
+    integer > 1 beside a captured step is refused (the graph replays one step)."""
+    captured = uses_cuda_graph(run, device)
+    if run.measure_every == "auto":
+        return 1 if captured else CPU_MEASURE_EVERY
+    if run.measure_every > 1 and captured:
+        raise ConfigError(
+            f"run.measure_every = {run.measure_every} picks the measuring steps on the host, and "
+            f"the learn step on {device} is captured in a CUDA graph (run.cuda_graph = "
+            f"{run.cuda_graph!r}), which replays one step: set run.cuda_graph = 'off', or "
+            "run.measure_every = 1 or 'auto'"
+        )
+    return run.measure_every

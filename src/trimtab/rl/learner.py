@@ -13,8 +13,13 @@ from torch import Tensor
 from trimtab.lifecycle import register
 from trimtab.nonfinite import NonFinitePolicy
 from trimtab.rl.agent import DQNAgent
-from trimtab.rl.config import AUTOCAST_DTYPES, DEFAULT_CHECK_EVERY, RunConfig, TrainConfig
-from trimtab.rl.configio import ConfigError
+from trimtab.rl.config import (
+    AUTOCAST_DTYPES,
+    DEFAULT_CHECK_EVERY,
+    RunConfig,
+    TrainConfig,
+    uses_cuda_graph,
+)
 from trimtab.rl.graphed import Beside, CapturedStep
 from trimtab.rl.replay import ReplayBuffer
 from trimtab.rl.stability import Stability, build_stability
@@ -262,15 +267,3 @@ def build_learner(
     policy = NonFinitePolicy(cfg.run.on_nonfinite, agent.optimizer, device)
     return Learner(agent, stab, policy, cuda_graph=uses_cuda_graph(cfg.run, device),
                    check_every=cfg.run.check_every)  # fmt: skip
-
-
-def uses_cuda_graph(run: RunConfig, device: torch.device) -> bool:
-    """Whether ``run.cuda_graph`` captures the learn step on ``device``: ``"auto"`` on CUDA,
-    ``"on"`` (refused on the CPU), never with ``"off"``."""
-    if run.cuda_graph == "on" and device.type != "cuda":
-        raise ConfigError(
-            f"run.cuda_graph = 'on' captures the learn step in a CUDA graph, which needs a CUDA "
-            f"device; this run is on {device}: set run.device = 'cuda', or run.cuda_graph = "
-            "'auto' (captures on CUDA only) or 'off'"
-        )
-    return run.cuda_graph == "on" or (run.cuda_graph == "auto" and device.type == "cuda")

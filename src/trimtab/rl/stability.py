@@ -28,7 +28,7 @@ from trimtab.lifecycle import register
 from trimtab.optim import Adam
 from trimtab.optim.adam import adam_slots
 from trimtab.rl.checks import Checks, watch_slots
-from trimtab.rl.config import ABLATIONS, TrainConfig
+from trimtab.rl.config import ABLATIONS, TrainConfig, measure_every
 from trimtab.sentinel import Sentinel
 from trimtab.state import Slot, StateVector
 
@@ -112,6 +112,8 @@ class Stability:
     quantile: float = 0.99
     #: where it clips: this times its bound (run.clip_headroom)
     clip_headroom: float = 1.0
+    #: learn steps per measurement of every measured bound (run.measure_every, resolved)
+    measure_every: int = 1
 
     @property
     def fingerprint(self) -> str:
@@ -123,7 +125,8 @@ class Stability:
         params = list(net.parameters())
         if self.adaptive_clip:
             self.clip = AdaptiveGradClip(params, quantile=self.quantile, state_vector=self.state,
-                                         headroom=self.clip_headroom)  # fmt: skip
+                                         headroom=self.clip_headroom,
+                                         measure_every=self.measure_every)  # fmt: skip
         if self.mode == "fixed":
             self.clip = lambda ps: torch.nn.utils.clip_grad_norm_(ps, FIXED["grad_clip"])
             self.after_step = lambda: _clamp_weights(params, FIXED["weight_clamp"])
@@ -180,6 +183,7 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
     inside the run's :class:`trimtab.Lifecycle`: every part registers its reset there; then
     :meth:`Stability.attach` the agent's network and optimizer."""
     mode = cfg.run.stability
+    every = measure_every(cfg.run, device) if mode == "adaptive" else 1
     on = {m: mode == "adaptive" and m not in cfg.run.ablate for m in ABLATIONS}
     state = StateVector(layout(), device=device)
     sentinel = Sentinel(device)
@@ -201,7 +205,7 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
         bounds = AdaptiveBounds(
             measured, q=cfg.run.bound_quantile, floor=SUPPORT_FLOOR, state=state,
             sentinel=sentinel, add_slots=False, name="bounds",
-            headroom=cfg.run.clamp_headroom,
+            headroom=cfg.run.clamp_headroom, measure_every=every,
         )  # fmt: skip
         bounds.fault_hook = lambda name, x: checks.inject(name, x, f"guard:{name}")
 
@@ -268,7 +272,8 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
             groups[0]["weight_decay"] = "auto" if on["decay"] else 0.0
             return Adam(groups, lr=lr, eps=eps, weight_clamp=on["weight_clamp"],
                         quantile=cfg.run.bound_quantile, state_vector=state, capturable=True,
-                        weight_headroom=cfg.run.weight_headroom)  # fmt: skip
+                        weight_headroom=cfg.run.weight_headroom,
+                        measure_every=every)  # fmt: skip
         if mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is after_step
             return Adam(groups, lr=lr, eps=eps, weight_decay=0.0, weight_clamp=False,
                         state_vector=state, capturable=True)  # fmt: skip
@@ -289,4 +294,5 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
     stab.adaptive_clip = on["grad_clip"]
     stab.quantile = cfg.run.bound_quantile
     stab.clip_headroom = cfg.run.clip_headroom
+    stab.measure_every = every
     return stab
