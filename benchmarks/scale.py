@@ -153,13 +153,25 @@ def build_trials(args: argparse.Namespace) -> list[Trial]:
 
 
 # --- running ----------------------------------------------------------------------------------
+def _measure_every(cfg: Any) -> int | None:
+    """The run's measure_every as resolved on its device (None where nothing is measured)."""
+    import torch
+
+    from trimtab.rl.config import measure_every
+
+    if cfg.run.stability != "adaptive":
+        return None
+    return measure_every(cfg.run, torch.device(cfg.run.device))
+
+
 def record(t: Trial, status: str, summary: dict | None, seconds: float, error: str = "") -> dict:
     rec = {"env": t.env, "arm": t.arm, "scale": t.scale, "seed": t.seed,
            "steps": steps_key(t.cfg), "run_dir": str(t.run_dir), "status": status,
            "seconds": round(seconds, 1), **provenance(t.cfg.run.device),
            "config": {"bound_quantile": t.cfg.run.bound_quantile,
                       "clamp_headroom": t.cfg.run.clamp_headroom, "ablate": list(t.cfg.run.ablate),
-                      "v_max": t.cfg.agent.v_max, "device": t.cfg.run.device}}  # fmt: skip
+                      "v_max": t.cfg.agent.v_max, "device": t.cfg.run.device,
+                      "measure_every": _measure_every(t.cfg)}}  # fmt: skip
     if error:
         rec["error"] = error[-2000:]
     if not summary:
