@@ -337,3 +337,30 @@ def test_engaged_rate_counts_each_interval_and_restarts_at_a_reset():
     clip()
     clip.load_state_dict(state)  # the interval resumes where the checkpoint left it
     assert math.isnan(float(clip.engaged_rate()[0]))
+
+
+def test_cpu_finite_gradients_take_the_products_alone_bitwise():
+    """On the CPU, when every norm is finite the clip multiplies without the non-finite pass:
+    the same bits as scale_finite_ (which then replaces and counts nothing); one NaN still
+    takes the pass (its tensor zeroed and counted)."""
+    from trimtab.clamp import scale_finite_
+
+    torch.manual_seed(0)
+    ps = [torch.zeros(s, requires_grad=True) for s in ((7, 3), (5,), (2, 2))]
+    clip = AdaptiveGradClip(ps)
+    for step in range(30):  # a bound, then norms above it: coefficients below 1
+        for p in ps:
+            p.grad = torch.randn(p.shape) * (1.0 if step < 25 else 40.0)
+        grads = [p.grad.clone() for p in ps]
+        norms = torch.stack(torch._foreach_norm(grads)).float()
+        bound = clip.bound.clone()
+        clip()
+        if torch.isfinite(bound).all():
+            coef = (bound / (norms.square().sum().sqrt() + 1e-6)).clamp(max=1.0).expand(3)
+            scale_finite_(grads, coef.contiguous())
+            assert all(torch.equal(p.grad, g) for p, g in zip(ps, grads))
+    assert int(clip.nonfinite[1]) == 0
+    ps[1].grad = torch.tensor([1.0, float("nan"), 2.0, 3.0, 4.0])
+    ps[0].grad, ps[2].grad = torch.ones(7, 3), torch.ones(2, 2)
+    clip()
+    assert int(clip.nonfinite[1]) == 1 and torch.equal(ps[1].grad, torch.zeros(5))

@@ -234,6 +234,49 @@ def test_moments_live_in_the_flat_rows_on_the_cpu():
         assert torch.equal(other.state[q]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
 
 
+@pytest.mark.parametrize("every", [1, 3])
+def test_parameters_and_gradients_live_in_the_flat_rows_on_the_cpu(every):
+    """After a step a group's parameters are views of one flat buffer, and so are its gradients
+    (a backward accumulates into them); stepping through them, through gradients set to None
+    (copied in and adopted again), or with every parameter replaced by another tensor gives
+    bitwise the same weights, moments and slots."""
+
+    def run(grads: str) -> tuple[list[torch.nn.Parameter], topt.Adam]:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+        ps = list(net.parameters())
+        opt = topt.Adam(ps, lr=3e-2, measure_every=every)
+        for step in range(7):
+            x = torch.randn(16, 6, generator=torch.Generator().manual_seed(step))
+            if grads == "none":
+                opt.zero_grad(set_to_none=True)
+            else:
+                for p in ps:
+                    if p.grad is not None:
+                        p.grad.zero_()
+            net(x).square().mean().backward()
+            if grads == "replaced" and step == 3:  # new memory: adopted again at the next step
+                for p in ps:
+                    p.data = p.data.clone()
+            opt.step()
+        return ps, opt
+
+    kept, a = run("kept")
+    for other in ("none", "replaced"):
+        ps, b = run(other)
+        for p, q in zip(kept, ps):
+            assert torch.equal(p, q)
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(a.state[p][key], b.state[q][key])
+        assert torch.equal(
+            a.state_vector.tensor.nan_to_num(3.0), b.state_vector.tensor.nan_to_num(3.0)
+        )
+    weights = [p for p in kept if p.ndim]  # one group: one storage, in order
+    assert len({p.untyped_storage().data_ptr() for p in weights}) == 1
+    assert weights[1].data_ptr() == weights[0].data_ptr() + weights[0].numel() * 4
+    assert len({p.grad.untyped_storage().data_ptr() for p in kept}) == 1
+
+
 def test_the_multi_tensor_path_is_the_cpu_default():
     p = torch.nn.Parameter(torch.randn(3))
     assert topt.Adam([p]).impl == "foreach"

@@ -87,7 +87,9 @@ class AdaptiveGradClip:
 
     The bound lives in slot ``{prefix}_bound`` (one value per group) of a
     :class:`~trimtab.StateVector`, its own or one passed in. Registers :meth:`reset` with the
-    active :class:`~trimtab.Lifecycle`. Nothing is read back to the host.
+    active :class:`~trimtab.Lifecycle`. Nothing is read back to the host on a GPU (on the CPU,
+    where a read waits for nothing, one says whether any gradient needs its non-finite elements
+    replaced).
 
     Example::
 
@@ -256,6 +258,12 @@ class AdaptiveGradClip:
             )  # fmt: skip
         else:
             scale, total = self._step_reference(norms, index)
+        if norms.device.type == "cpu" and impl != "triton" and bool(norms.isfinite().all()):
+            # On the CPU a host read waits for nothing. Every norm finite: every element is (a
+            # NaN or ±Inf makes its tensor's norm NaN or Inf), so there is nothing to replace
+            # or count, and the products are scale_finite_'s own.
+            torch._foreach_mul_(grads, [c.to(g.dtype) for c, g in zip(scale.unbind(), grads)])
+            return total
         # NaN * 0 is NaN: the non-finite elements themselves are replaced (and counted) too.
         scale_finite_(grads, scale, self.nonfinite[1:], impl=impl)
         return total

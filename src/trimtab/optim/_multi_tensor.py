@@ -86,6 +86,9 @@ class _Layout:
         self.ones = torch.ones(3 * width, dtype=torch.int32, device=device)
         self.old: tuple[torch.Tensor, ...] | None = None
         self.ptrs: list[int] | None = None  # the adopted moments' addresses (see holds)
+        # the weights' and gradients' addresses in the rows (see holds_params, holds_grads)
+        self.wptrs = [t.data_ptr() for t in self.wv if t.numel()]
+        self.gptrs = [t.data_ptr() for t in self.gv if t.numel()]
 
     def holds(self, exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor]) -> bool:
         """Whether the moments are the views of the ``m`` and ``v`` rows (then a step neither
@@ -102,6 +105,31 @@ class _Layout:
         for t, view in zip((*exp_avgs, *exp_avg_sqs), (*self.mv, *self.vv)):
             t.set_(view)
         self.ptrs = [t.data_ptr() for t in (*self.mv, *self.vv) if t.numel()]
+
+    def holds_params(self, params: Sequence[torch.Tensor]) -> bool:
+        """Whether the parameters are the views of the ``w`` row (:meth:`adopt_params`)."""
+        return self.wptrs == [t.data_ptr() for t in params if t.numel()]
+
+    def holds_grads(self, grads: Sequence[torch.Tensor]) -> bool:
+        """Whether the gradients are the views of the ``g`` row (:meth:`adopt_grads`)."""
+        return self.gptrs == [t.data_ptr() for t in grads if t.numel()]
+
+    def adopt_params(self, params: Sequence[torch.Tensor]) -> None:
+        """Copy the parameters into the ``w`` row and point them there (``p.data``: the same
+        parameter objects), once per layout, or again after something gave them new memory
+        (as moments :meth:`adopt`, and as flat-parameter optimizers do): a step then updates
+        them where they are, without copying them in and out."""
+        torch._foreach_copy_(self.wv, params)
+        for p, view in zip(params, self.wv):
+            p.data = view
+
+    def adopt_grads(self, params: Sequence[torch.Tensor]) -> None:
+        """Point the parameters' gradients at the ``g`` row, which holds this step's gradients:
+        a backward then accumulates into it (autograd adds into an existing ``.grad`` in place,
+        as it does into buffers zeroed in place), and the next step reads them there. A
+        gradient set to None or replaced afterwards is copied in and adopted again."""
+        for p, view in zip(params, self.gv):
+            p.grad = view
 
     def olds(self) -> tuple[torch.Tensor, ...]:
         """Flat copies of w, m, v before the step (for a skip's select), allocated on first use."""
@@ -242,9 +270,18 @@ def adam_group_step_multi_tensor(
     select = skip is not None  # decided on the device, by a select
     if select:
         skip = skip != 0
-    torch._foreach_copy_(L.wv, params)
-    torch._foreach_copy_(L.gv, grads)
-    in_place = cache is not None and w.device.type == "cpu"  # moments kept in the rows
+    # On the CPU with the caller's cache, the rows are the state itself: the moments, the
+    # parameters and (unless a GradScaler's scale is applied to them here) the gradients.
+    in_place = cache is not None and w.device.type == "cpu"
+    own_params = in_place and all(isinstance(p, torch.nn.Parameter) for p in params)
+    if own_params and not L.holds_params(params):
+        L.adopt_params(params)
+    elif not own_params:
+        torch._foreach_copy_(L.wv, params)
+    if not (own_params and grad_scale is None and L.holds_grads(grads)):
+        torch._foreach_copy_(L.gv, grads)
+        if own_params and grad_scale is None:
+            L.adopt_grads(params)
     if in_place and not L.holds(exp_avgs, exp_avg_sqs):
         L.adopt(exp_avgs, exp_avg_sqs)
     elif not in_place:
@@ -316,8 +353,10 @@ def adam_group_step_multi_tensor(
     if clamp:  # = the reference's where(|w| > hb, sign(w) hb, w): NaN kept, ±Inf to ±hb
         b = bound_c.to(dtype)
         cut = b if headroom == 1.0 else (bound_c * headroom).to(dtype)
-        # two passes: one clamp(w, -b, b) with tensor bounds is 4x slower on the CPU
-        new = torch.clamp_min(w, cut.neg(), out=t).clamp_max_(cut)
+        # two passes: one clamp(w, -b, b) with tensor bounds is 4x slower on the CPU; in w's
+        # own row when nothing reads w'' after it (no statistics)
+        new = t if stats or not own_params else w
+        torch.clamp_min(w, cut.neg(), out=new).clamp_max_(cut)
     if stats:
         # the engagements are the bound's exceedances (the clamp's own at headroom 1)
         at_b = new if headroom == 1.0 or not clamp else torch.clamp_min(w, b.neg()).clamp_max_(b)
@@ -325,7 +364,10 @@ def adam_group_step_multi_tensor(
         _histograms(L, work)
     if select:
         torch.where(skip, w0, new, out=new)
-    torch._foreach_copy_(params, L.tv if clamp else L.wv)
+    if not own_params:
+        torch._foreach_copy_(params, L.tv if clamp else L.wv)
+    elif new is not w:
+        w.copy_(new)
     if not in_place:
         torch._foreach_copy_(exp_avgs, L.mv)
         torch._foreach_copy_(exp_avg_sqs, L.vv)
