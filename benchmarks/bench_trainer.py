@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,10 +31,10 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, save_record
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent import DQNAgent
-from trimtab.rl.config import TrainConfig
+from trimtab.rl.config import TrainConfig, measure_every
 from trimtab.rl.env import BatchedTradingEnv
 from trimtab.rl.learner import build_learner
 from trimtab.rl.walkforward import fold_arrays, load_market, make_folds
@@ -177,6 +178,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per mode and round")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (median)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--every", type=int, nargs="*", default=[],
+        help="also time adaptive at these run.measure_every (eager; interleaved with the rest)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--key", default=None,
+        help="store the record as this key of --out (a file of named records; default: "
+        "the whole file is this run's record)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     cfg = TrainConfig()
@@ -188,8 +198,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     modes = ("off", "fixed", "adaptive")
     graphs = ("off", "on") if device.type == "cuda" else ("off",)
     cfgs = {(m, g): mode_config(cfg, m, device, g) for g in graphs for m in modes}
+    for k in args.every:  # adaptive at other cadences, eager
+        c = mode_config(cfg, "adaptive", device, "off")
+        cfgs[(f"adaptive, measure_every={k}", "off")] = replace(
+            c, run=replace(c.run, measure_every=k)
+        )
     measured = measure_all(cfgs, device, steps, 2 if args.quick else args.rounds)
-    rows = {m: measured[(m, "off")] for m in modes}
+    rows = {m: measured[(m, "off")] for m, g in cfgs if g == "off"}
     captured = {m: measured[(m, "on")] for m in modes if (m, "on") in measured}
     overhead = rows["adaptive"]["grad_step_ms"] / rows["off"]["grad_step_ms"]
     print(f"trainer throughput on {device} ({'quick' if args.quick else 'default config'})\n")
@@ -204,15 +219,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "steps": steps, "rounds": 2 if args.quick else args.rounds, "modes": rows,
               "guard_overhead": overhead}  # fmt: skip
     if device.type == "cpu":  # per round (the modes interleaved), then the median of those
-        per_round = [a / o for a, o in zip(rows["adaptive"]["round_cpu_ms"],
-                                           rows["off"]["round_cpu_ms"])]  # fmt: skip
-        result["guard_overhead_cpu_time"] = statistics.median(per_round)
-        result["guard_overhead_cpu_time_rounds"] = [round(r, 4) for r in per_round]
-        print(
-            f"guard overhead (adaptive / off), CPU time of the step: "
-            f"{result['guard_overhead_cpu_time']:.2f}x (median of "
-            f"{len(per_round)} rounds; min {min(per_round):.2f}, max {max(per_round):.2f})"
-        )
+        result["measure_every"] = measure_every(cfgs[("adaptive", "off")].run, device)
+        for name in [m for m in rows if m.startswith("adaptive")]:
+            per_round = [a / o for a, o in zip(rows[name]["round_cpu_ms"],
+                                               rows["off"]["round_cpu_ms"])]  # fmt: skip
+            suffix = "" if name == "adaptive" else f" [{name}]"
+            result["guard_overhead_cpu_time" + suffix] = statistics.median(per_round)
+            result["guard_overhead_cpu_time_rounds" + suffix] = [round(r, 4) for r in per_round]
+            print(
+                f"guard overhead ({name} / off), CPU time of the step: "
+                f"{statistics.median(per_round):.2f}x (median of {len(per_round)} rounds; "
+                f"min {min(per_round):.2f}, max {max(per_round):.2f})"
+            )
     if captured:
         c = captured["adaptive"]["grad_step_ms"] / captured["off"]["grad_step_ms"]
         print(
@@ -221,7 +239,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         result.update(captured=captured, captured_guard_overhead=c)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.key is not None:
+        result["command"] = "benchmarks/bench_trainer.py " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        save_record(args.out, args.key, result)
+    else:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

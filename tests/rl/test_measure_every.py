@@ -28,11 +28,11 @@ def test_bad_values_say_what_and_how_to_fix():
     RunConfig(stability="fixed", measure_every="auto")
 
 
-def test_auto_is_one_where_the_step_is_captured_and_the_cpu_cadence_where_it_is_eager():
+def test_auto_is_the_cpu_cadence_on_the_cpu_and_one_on_cuda():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert measure_every(RunConfig(), cpu) == CPU_MEASURE_EVERY
     assert measure_every(RunConfig(device="cuda"), cuda) == 1  # captured: cuda_graph auto
-    assert measure_every(RunConfig(device="cuda", cuda_graph="off"), cuda) == CPU_MEASURE_EVERY
+    assert measure_every(RunConfig(device="cuda", cuda_graph="off"), cuda) == 1  # eager: alike
     assert measure_every(RunConfig(measure_every=3), cpu) == 3
     assert measure_every(RunConfig(device="cuda", cuda_graph="off", measure_every=3), cuda) == 3
     with pytest.raises(ConfigError, match=r"run\.cuda_graph = 'off'"):

@@ -44,7 +44,7 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
     "fp16": torch.float16,
 }
 CudaGraph = Literal["auto", "on", "off"]
-#: run.measure_every = "auto" on an eager learn step (the CPU's): learn steps per measurement
+#: run.measure_every = "auto" on the CPU: learn steps per measurement
 #: of the adaptive bounds. Chosen by the CPU step's cost (README "On the CPU": at 8 the
 #: adaptive step costs at most 1.3x off's), not by any return.
 CPU_MEASURE_EVERY = 8
@@ -140,10 +140,10 @@ class RunConfig:
     # adaptive mode: learn steps per measurement of the measured bounds (the targets' and the
     # trunk's quantiles, the gradient clip's refit, Adam's weight statistics, with their
     # engagement tests and folds); every clamp and the clip bind at the bound in force on every
-    # step. "auto": 1 where the learn step is captured in a CUDA graph (the statistics cost
-    # ~nothing there), CPU_MEASURE_EVERY where it runs eagerly, as on the CPU (where they cost
-    # about as much as the rest of the step). An integer > 1 needs an eager step (cuda_graph =
-    # "off" on CUDA). README: On the CPU.
+    # step. "auto": CPU_MEASURE_EVERY on the CPU (where they cost about as much as the rest of
+    # the step), 1 on CUDA (in a captured step they cost ~nothing; an eager GPU step keeps the
+    # captured one's numbers). An integer > 1 needs an eager step (cuda_graph = "off" on
+    # CUDA). README: On the CPU.
     measure_every: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
@@ -389,12 +389,13 @@ def uses_cuda_graph(run: RunConfig, device: torch.device) -> bool:
 
 
 def measure_every(run: RunConfig, device: torch.device) -> int:
-    """``run.measure_every`` resolved on ``device``: ``"auto"`` is 1 where the learn step is
-    captured (:func:`uses_cuda_graph`), :data:`CPU_MEASURE_EVERY` where it is eager; an
-    integer > 1 beside a captured step is refused (the graph replays one step)."""
+    """``run.measure_every`` resolved on ``device``: ``"auto"`` is :data:`CPU_MEASURE_EVERY` on
+    the CPU and 1 on CUDA (captured or not: an eager GPU run is the captured one's numbers); an
+    integer > 1 beside a captured step (:func:`uses_cuda_graph`) is refused (the graph replays
+    one step)."""
     captured = uses_cuda_graph(run, device)
     if run.measure_every == "auto":
-        return 1 if captured else CPU_MEASURE_EVERY
+        return CPU_MEASURE_EVERY if device.type == "cpu" else 1
     if run.measure_every > 1 and captured:
         raise ConfigError(
             f"run.measure_every = {run.measure_every} picks the measuring steps on the host, and "
