@@ -175,3 +175,35 @@ def test_capture_with_measure_every_above_one_is_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="captured CUDA graph"):
         b.fold()
     Cadence(1, "k=1").refuse_capture("k=1")  # every step measures: nothing to refuse
+
+
+@pytest.mark.gpu
+def test_every_k_on_cuda_gives_the_cpu_numbers():
+    """measure_every = 3 on CUDA (the Triton paths: derive, folds, the clip's refit launch,
+    Adam's update and finalize kernels, the finalize stepping its phase with the statistics
+    only) against the same on the CPU (the torch references), over 7 steps."""
+
+    def run(device: str) -> dict[str, torch.Tensor]:
+        dev = torch.device(device)
+        start = torch.randn(300, 40, generator=torch.Generator().manual_seed(0))
+        w = torch.nn.Parameter(start.to(dev))
+        adam = Adam([w], lr=1e-2, measure_every=3, capturable=True)
+        clip = AdaptiveGradClip([w], measure_every=3)
+        bounds = AdaptiveBounds(["a"], measure_every=3, device=dev)
+        for step in range(7):
+            g = torch.Generator().manual_seed(200 + step)
+            w.grad = (torch.randn(300, 40, generator=g) * (1 + step)).to(dev)
+            x = _x(step).to(dev)
+            bounds.measure("a", x)
+            bounds.clamp_("a", x)
+            clip()
+            adam.step()
+            bounds.fold()
+        return {"w": w.detach().cpu(), "adam": adam.state_vector.tensor.cpu(),
+                "phase": adam._phase.cpu(), "clip": clip.bound.cpu(),
+                "bounds": bounds.values.cpu()}  # fmt: skip
+
+    cpu, cuda = run("cpu"), run("cuda")
+    assert int(cpu["phase"]) == int(cuda["phase"]) == 3  # steps 0, 3, 6
+    for key in cpu:
+        torch.testing.assert_close(cuda[key], cpu[key], rtol=1e-4, atol=1e-6, equal_nan=True)
