@@ -205,5 +205,13 @@ def test_every_k_on_cuda_gives_the_cpu_numbers():
 
     cpu, cuda = run("cpu"), run("cuda")
     assert int(cpu["phase"]) == int(cuda["phase"]) == 3  # steps 0, 3, 6
+    # the float32 tolerance of the kernels against their references (tests/test_optim.py)
     for key in cpu:
-        torch.testing.assert_close(cuda[key], cpu[key], rtol=1e-4, atol=1e-6, equal_nan=True)
+        torch.testing.assert_close(
+            cuda[key],
+            cpu[key],
+            rtol=1e-4,
+            atol=1e-5,
+            equal_nan=True,
+            msg=lambda m, k=key: f"{k}: {m}",
+        )
