@@ -245,7 +245,7 @@ def test_parameters_and_gradients_live_in_the_flat_rows_on_the_cpu(every):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
         ps = list(net.parameters())
-        opt = topt.Adam(ps, lr=3e-2, measure_every=every)
+        opt = topt.Adam(ps, lr=3e-2, measure_every=every, adopt_params=True)
         for step in range(7):
             x = torch.randn(16, 6, generator=torch.Generator().manual_seed(step))
             if grads == "none":
@@ -275,6 +275,26 @@ def test_parameters_and_gradients_live_in_the_flat_rows_on_the_cpu(every):
     assert len({p.untyped_storage().data_ptr() for p in weights}) == 1
     assert weights[1].data_ptr() == weights[0].data_ptr() + weights[0].numel() * 4
     assert len({p.grad.untyped_storage().data_ptr() for p in kept}) == 1
+
+
+def test_parameters_keep_their_memory_unless_adopted():
+    """By default (as torch's optimizers) a step never re-points a parameter; nor does
+    adopt_params for a parameter subclass (FSDP's flat parameter is one, which FSDP re-points
+    itself)."""
+
+    class Flat(torch.nn.Parameter):
+        pass
+
+    for params, adopt in (([torch.nn.Parameter(torch.randn(4, 3))], False),
+                          ([Flat(torch.randn(4, 3))], True)):  # fmt: skip
+        before = params[0].data_ptr()
+        opt = topt.Adam(params, lr=1e-2, adopt_params=adopt)
+        for _ in range(2):
+            params[0].grad = torch.randn(4, 3)
+            opt.step()
+        assert params[0].data_ptr() == before
+    with pytest.raises(TypeError, match="adopt_params must be a bool"):
+        topt.Adam(params, adopt_params=1)
 
 
 def test_the_multi_tensor_path_is_the_cpu_default():

@@ -236,6 +236,7 @@ def adam_group_step_multi_tensor(
     equal_steps: bool = False,
     cache: OrderedDict | None = None,
     headroom: float = 1.0,
+    adopt_params: bool = False,
 ) -> None:
     """One Adam(W) step of one parameter group and its statistics, as
     :func:`~trimtab.optim._reference.adam_group_step_reference` (the same arguments and
@@ -246,7 +247,9 @@ def adam_group_step_multi_tensor(
     step counter of the group is equal (:class:`~trimtab.optim.Adam` tracks it on the host),
     so one bias correction serves every tensor; otherwise one per tensor (the same results).
     ``cache``: the caller's own dict of group layouts (one per optimizer); on the CPU its
-    moments then live in the layout's flat rows (:meth:`_Layout.adopt`), not copied each step.
+    moments then live in the layout's flat rows (:meth:`_Layout.adopt`), not copied each step,
+    and with ``adopt_params`` the parameters and their gradients too (their ``.data`` and
+    ``.grad`` become views of the rows: only for parameters whose memory nothing else manages).
 
     Every pass is a whole-group op on a flat buffer, and none builds a boolean mask (slow on
     the CPU): the non-finite count is that of ``w - w`` (NaN exactly where ``w`` is not
@@ -273,7 +276,7 @@ def adam_group_step_multi_tensor(
     # On the CPU with the caller's cache, the rows are the state itself: the moments, the
     # parameters and (unless a GradScaler's scale is applied to them here) the gradients.
     in_place = cache is not None and w.device.type == "cpu"
-    own_params = in_place and all(isinstance(p, torch.nn.Parameter) for p in params)
+    own_params = in_place and adopt_params and all(type(p) is torch.nn.Parameter for p in params)
     if own_params and not L.holds_params(params):
         L.adopt_params(params)
     elif not own_params:

@@ -206,6 +206,16 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
     the last one left it: the weights move by at most ``k`` learning-rate steps meanwhile. A
     captured CUDA graph replays one step: capture with ``k = 1``.
 
+    **Parameters in the optimizer's memory** (``adopt_params=True``, the CPU's multi-tensor path
+    only): each group's parameters and gradients live in the optimizer's flat rows, as its
+    moments always do there. Their ``.data`` and ``.grad`` become views of the rows at a step
+    (adopted again after anything gives them new memory; a backward accumulates into the
+    gradients in place, as into buffers zeroed in place), so a step copies nothing in or out:
+    DDP's ``gradient_as_bucket_view`` idea, for the weights too. The numbers are the same. Only
+    for parameters whose memory nothing else manages: FSDP's flat parameters, for one, are
+    re-pointed by FSDP itself (plain ``nn.Parameter`` objects only; others are copied as by
+    default). The trainer sets it for its own network.
+
     **Reset**: :meth:`reset_state` zeroes moments and step counts and forgets every estimate;
     the optimizer registers it with the active :class:`~trimtab.Lifecycle` on construction.
 
@@ -239,6 +249,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         prefix: str = "adam",
         impl: str | None = None,
         measure_every: int = 1,
+        adopt_params: bool = False,
     ) -> None:
         if isinstance(quantile, bool) or not isinstance(quantile, float) or not 0 < quantile < 1:
             raise ValueError(f"quantile must be a float in (0, 1), got {quantile!r}")
@@ -256,6 +267,9 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         _check_group(defaults)
         #: which steps take the statistics (each step counts one)
         self.cadence = Cadence(measure_every, "trimtab.optim.Adam")
+        if not isinstance(adopt_params, bool):
+            raise TypeError(f"adopt_params must be a bool, got {adopt_params!r}")
+        self.adopt_params = adopt_params
         self._sealed = False
         super().__init__(params, defaults)
         self._sealed = True
@@ -505,7 +519,8 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
                 group_step = kernel_step
             elif self.impl == "foreach" and mt.fits(params, grads):
                 group_step = partial(mt.adam_group_step_multi_tensor, cache=self._layouts,
-                                     equal_steps=self._equal_steps[gi])  # fmt: skip
+                                     equal_steps=self._equal_steps[gi],
+                                     adopt_params=self.adopt_params)  # fmt: skip
             else:  # the reference: asked for, or a group of mixed dtypes or devices
                 group_step = ref.adam_group_step_reference
             group_step(

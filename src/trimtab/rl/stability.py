@@ -273,10 +273,10 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
             return Adam(groups, lr=lr, eps=eps, weight_clamp=on["weight_clamp"],
                         quantile=cfg.run.bound_quantile, state_vector=state, capturable=True,
                         weight_headroom=cfg.run.weight_headroom,
-                        measure_every=every)  # fmt: skip
+                        measure_every=every, adopt_params=True)  # fmt: skip
         if mode == "fixed":  # hand-set decay-free Adam; the ±100 clamp is after_step
             return Adam(groups, lr=lr, eps=eps, weight_decay=0.0, weight_clamp=False,
-                        state_vector=state, capturable=True)  # fmt: skip
+                        state_vector=state, capturable=True, adopt_params=True)  # fmt: skip
         # off: torch's Adam; fused (which honours GradScaler's found_inf) where skip needs it,
         # capturable on CUDA (its step counters on the device: a CUDA graph can hold the step;
         # torch refuses to capture a step whose capturable flag is off, fused or not)
