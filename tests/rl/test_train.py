@@ -55,6 +55,7 @@ def test_tiny_run_writes_every_output(tmp_path):
             "steps", "nonfinite"}  # fmt: skip
     assert len(saved["folds"]) == 2 and all(keys <= set(f) for f in saved["folds"])
     assert saved["halted"] is None and saved["stability"] == "adaptive"
+    assert saved["measure_every"] == 8  # "auto" on the CPU
     assert saved["folds"][0]["test_start"] > saved["folds"][0]["train_end"]  # out of sample
     assert saved["folds"][1]["train_start"] == saved["folds"][0]["test_start"]
     # the fold boundary's actions are logged
@@ -159,6 +160,7 @@ def test_other_stability_modes_run(tmp_path, mode):
         replace(tiny(tmp_path / mode), run=replace(tiny(tmp_path / mode).run, stability=mode))
     )
     assert summary["stability"] == mode and len(summary["folds"]) == 2
+    assert summary["measure_every"] is None  # nothing measured
 
 
 def test_a_plot_of_all_nan_columns_is_written_without_warnings(tmp_path):

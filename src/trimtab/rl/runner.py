@@ -193,6 +193,11 @@ def _run(
         "folds": prog.fold_rows,
         "halted": halted,
         "stability": cfg.run.stability,
+        # the bounds' cadence as resolved on this device (run.measure_every "auto": 8 on the
+        # CPU, 1 on CUDA); None where nothing is measured
+        "measure_every": learner.stability.measure_every
+        if cfg.run.stability == "adaptive"
+        else None,
         "seed": cfg.run.seed,
         "identity": identity,
         "device": str(device),
