@@ -174,7 +174,7 @@ def test_capture_with_measure_every_above_one_is_refused(monkeypatch):
     b = AdaptiveBounds(["a"], measure_every=2)
     with pytest.raises(RuntimeError, match="captured CUDA graph"):
         b.fold()
-    Cadence(1, "k=1").refuse_capture("k=1")  # every step measures: nothing to refuse
+    Cadence(1, "k=1").refuse_capture()  # every step measures: nothing to refuse
 
 
 @pytest.mark.gpu

@@ -29,10 +29,11 @@ def check_measure_every(value: Any, owner: str) -> int:
 class Cadence:
     """Steps since the last reset, on the host; :attr:`due` on steps ``0, k, 2k, ...``."""
 
-    __slots__ = ("every", "step")
+    __slots__ = ("every", "owner", "step")
 
     def __init__(self, every: int, owner: str) -> None:
         self.every = check_measure_every(every, owner)
+        self.owner = owner  # who counts: named in the errors
         self.step = 0
 
     @property
@@ -42,10 +43,17 @@ class Cadence:
     def advance(self) -> None:
         self.step += 1
 
+    def take(self) -> bool:
+        """Count one step (refused under capture when ``k > 1``); returns whether it was due."""
+        due = self.due
+        self.refuse_capture()
+        self.advance()
+        return due
+
     def reset(self) -> None:
         self.step = 0
 
-    def refuse_capture(self, owner: str) -> None:
+    def refuse_capture(self) -> None:
         """A CUDA graph replays the step it captured, measuring or not, whatever the count
         says: refuse ``measure_every > 1`` under capture."""
         if (
@@ -54,9 +62,9 @@ class Cadence:
             and torch.cuda.is_current_stream_capturing()
         ):
             raise RuntimeError(
-                f"{owner}: measure_every={self.every} chooses on the host which steps measure, "
-                "and a captured CUDA graph replays one of them every time: capture with "
-                "measure_every=1, or run this step eagerly"
+                f"{self.owner}: measure_every={self.every} chooses on the host which steps "
+                "measure, and a captured CUDA graph replays one of them every time: capture "
+                "with measure_every=1, or run this step eagerly"
             )
 
     def state_dict(self) -> int:

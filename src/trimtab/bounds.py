@@ -280,8 +280,7 @@ class AdaptiveBounds:
         leave every slot as it is): it clears the clamps' counts. Returns the slots' values."""
         if self.before_fold is not None:
             self.before_fold()
-        self.cadence.refuse_capture(repr(self))
-        self.cadence.advance()
+        self.cadence.take()
         if not self._measured and self.before_fold is None:
             self._ints.zero_()  # an unmeasured step's engagements are not logged
             return self.values

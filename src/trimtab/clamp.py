@@ -56,6 +56,7 @@ def scale_finite_(
     counter: torch.Tensor | None = None,
     *,
     impl: str | None = None,
+    known_finite: bool = False,
 ) -> list[torch.Tensor]:
     """In place: ``tensors[i] *= scale[i]``, then every NaN and ±Inf becomes +0.
 
@@ -64,7 +65,9 @@ def scale_finite_(
     sync). ``counter`` (optional, int64, one element): ``+=`` the number of non-finite elements
     replaced. The reference multiplies in each tensor's dtype and then runs
     :func:`clamp_finite_` with no bound per tensor; the kernel, for float32 tensors, does both
-    in one read and one write of every element. Returns ``tensors``.
+    in one read and one write of every element. ``known_finite``: the caller knows every
+    element is finite (the gradient clip, from its per-tensor norms), so the reference takes
+    the products alone: the same bits, without the replacing pass. Returns ``tensors``.
     """
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
         raise TypeError(f"scale must be a float32 tensor, got {getattr(scale, 'dtype', scale)}")
@@ -89,18 +92,23 @@ def scale_finite_(
 
         launch_scale_finite(tensors, scale.contiguous(), counter)
         return tensors
-    _scale_finite_reference_(tensors, scale, counter)
+    _scale_finite_reference_(tensors, scale, counter, known_finite)
     return tensors
 
 
 def _scale_finite_reference_(
-    tensors: list[torch.Tensor], scale: torch.Tensor, counter: torch.Tensor | None
+    tensors: list[torch.Tensor],
+    scale: torch.Tensor,
+    counter: torch.Tensor | None,
+    known_finite: bool = False,
 ) -> None:
     """The torch path of :func:`scale_finite_`: the products in each tensor's dtype (one
     ``_foreach_mul_``), then every tensor's NaN and ±Inf become +0 in one flat pass (the
     result of :func:`clamp_finite_` with no bound on each tensor, whatever the tensor count).
     """
     torch._foreach_mul_(tensors, [c.to(t.dtype) for c, t in zip(scale.unbind(), tensors)])
+    if known_finite:  # nothing to replace or count
+        return
     # NaN * c is NaN: the non-finite elements are replaced here. A finite value survives the
     # round trip through the (widest) common dtype exactly.
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])

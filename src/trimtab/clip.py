@@ -234,9 +234,7 @@ class AdaptiveGradClip:
                     "impl='triton' cannot reduce sharded norms over ranks; pass impl=None"
                 )
             step_impl = "torch"
-        refit = self.cadence.due
-        self.cadence.refuse_capture(f"AdaptiveGradClip({self.prefix!r})")
-        self.cadence.advance()
+        refit = self.cadence.take()
         if not refit:  # the window takes the norm; the bound stays until the next refit
             scale, total = self._record_reference(norms, index)
         elif self._impl(step_impl, norms, len(grads)) == "triton":
@@ -258,14 +256,11 @@ class AdaptiveGradClip:
             )  # fmt: skip
         else:
             scale, total = self._step_reference(norms, index)
-        if norms.device.type == "cpu" and impl != "triton" and bool(norms.isfinite().all()):
-            # On the CPU a host read waits for nothing. Every norm finite: every element is (a
-            # NaN or ±Inf makes its tensor's norm NaN or Inf), so there is nothing to replace
-            # or count, and the products are scale_finite_'s own.
-            torch._foreach_mul_(grads, [c.to(g.dtype) for c, g in zip(scale.unbind(), grads)])
-            return total
-        # NaN * 0 is NaN: the non-finite elements themselves are replaced (and counted) too.
-        scale_finite_(grads, scale, self.nonfinite[1:], impl=impl)
+        # NaN * 0 is NaN: the non-finite elements themselves are replaced (and counted) too. On
+        # the CPU a host read waits for nothing: every norm finite, every element is (a NaN or
+        # ±Inf makes its tensor's norm NaN or Inf), and there is nothing to replace or count.
+        finite = norms.device.type == "cpu" and bool(norms.isfinite().all())
+        scale_finite_(grads, scale, self.nonfinite[1:], impl=impl, known_finite=finite)
         return total
 
     def _impl(self, impl: str | None, norms: torch.Tensor, num_tensors: int) -> str:

@@ -494,9 +494,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         if self.impl == "triton":
             from trimtab.kernels.optim import adam_group_step_triton as kernel_step
         observed = [False] * len(self.param_groups)
-        measure = self.cadence.due
-        self.cadence.refuse_capture("trimtab.optim.Adam")
-        self.cadence.advance()
+        measure = self.cadence.take()
         all_steps: list[torch.Tensor] = []
         for gi, group in enumerate(self.param_groups):
             params, grads, ms, vs, steps = self._group_tensors(group)

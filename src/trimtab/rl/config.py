@@ -45,8 +45,8 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
 }
 CudaGraph = Literal["auto", "on", "off"]
 #: run.measure_every = "auto" on the CPU: learn steps per measurement
-#: of the adaptive bounds. Chosen by the CPU step's cost (README "On the CPU": at 8 the
-#: adaptive step costs at most 1.3x off's), not by any return.
+#: of the adaptive bounds. Chosen by the CPU step's cost (README "Measuring every k-th step on
+#: the CPU": at 8 the adaptive step costs at most 1.3x off's), not by any return.
 CPU_MEASURE_EVERY = 8
 
 #: run.check_every's default: learn steps between host reads of the sentinel's flag (as
@@ -143,7 +143,7 @@ class RunConfig:
     # step. "auto": CPU_MEASURE_EVERY on the CPU (where they cost about as much as the rest of
     # the step), 1 on CUDA (in a captured step they cost ~nothing; an eager GPU step keeps the
     # captured one's numbers). An integer > 1 needs an eager step (cuda_graph = "off" on
-    # CUDA). README: On the CPU.
+    # CUDA). README: Measuring every k-th step on the CPU.
     measure_every: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
