@@ -23,7 +23,9 @@ from trimtab.kernels import optim_layout as lay
 from trimtab.lifecycle import register
 from trimtab.optim import _multi_tensor as mt
 from trimtab.optim import _reference as ref
+from trimtab.optim._checkpoint import Checkpoints
 from trimtab.optim._finalize import ReferenceFinalize
+from trimtab.optim._groups import check_group, undecorated
 from trimtab.optim._slots import _SLOT_DOCS, NORM_EPS, SLOT_NAMES, WEIGHT_BOUND_FLOOR
 from trimtab.optim._triton_path import TritonPath
 from trimtab.state import LayoutMismatchError, Slot, StateVector
@@ -31,15 +33,6 @@ from trimtab.state import LayoutMismatchError, Slot, StateVector
 __all__ = ["NORM_EPS", "SLOT_NAMES", "WEIGHT_BOUND_FLOOR", "Adam", "adam_slots"]
 
 _INF = math.inf
-
-
-def _undecorated(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.optim.Optimizer``'s ``method`` without its ``torch._disable_dynamo`` wrapper: the
-    same function, minus the wrapper's first-call ``import torch._dynamo`` (1.6 s on a CPU,
-    about 5 s on the H200 host: half a default GPU run's start-up), which only matters when
-    torch.compile traces the call, and this optimizer is not traced (its step reads no
-    ``torch._dynamo``); the method itself where no wrapper is there."""
-    return getattr(method, "__wrapped__", method)
 
 
 def adam_slots(num_groups: int, prefix: str = "adam") -> list[Slot]:
@@ -50,34 +43,7 @@ def adam_slots(num_groups: int, prefix: str = "adam") -> list[Slot]:
     ]
 
 
-def _check_group(group: Mapping[str, Any]) -> None:
-    lr = group["lr"]
-    if isinstance(lr, torch.Tensor):
-        if lr.numel() != 1:
-            raise ValueError("a tensor lr must have one element")
-    elif not lr >= 0.0:
-        raise ValueError(f"invalid learning rate {lr!r}: it must be >= 0")
-    if not group["eps"] >= 0.0:
-        raise ValueError(f"invalid eps {group['eps']!r}: it must be >= 0")
-    betas = group["betas"]
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"invalid betas {betas!r}: both must be in [0, 1)")
-    wd = group["weight_decay"]
-    if wd != "auto" and (isinstance(wd, (bool, str)) or not isinstance(wd, (int, float))):
-        raise ValueError(f"weight_decay must be 'auto' or a number >= 0, got {wd!r}")
-    if wd != "auto" and wd < 0:
-        raise ValueError(f"invalid weight_decay {wd!r}: it must be >= 0 (or 'auto')")
-    for key in ("weight_clamp", "l1", "capturable"):
-        if not isinstance(group[key], bool):
-            raise TypeError(f"{key} must be a bool, got {group[key]!r}")
-    if group.get("amsgrad", False):
-        raise ValueError(
-            "amsgrad is not supported by trimtab.optim.Adam (its max of second moments defeats "
-            "the moment statistics); use torch.optim.AdamW(amsgrad=True), or leave it False"
-        )
-
-
-class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
+class Adam(Checkpoints, ReferenceFinalize, TritonPath, torch.optim.Optimizer):
     r"""AdamW with a measured weight clamp, adaptive decoupled weight decay and an adaptive L1
     proximal step, every magnitude read from a state-vector slot.
 
@@ -264,7 +230,7 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             amsgrad=amsgrad,
             capturable=capturable,
         )
-        _check_group(defaults)
+        check_group(defaults)
         #: which steps take the statistics (each step counts one)
         self.cadence = Cadence(measure_every, "trimtab.optim.Adam")
         if not isinstance(adopt_params, bool):
@@ -323,8 +289,8 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
                 "trimtab.optim.Adam sizes its state-vector slots by the number of parameter "
                 "groups at construction; pass every group to the constructor"
             )
-        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
-        _check_group(self.param_groups[-1])
+        undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
+        check_group(self.param_groups[-1])
 
     def _choose_impl(self, impl: str | None, params: list[torch.Tensor]) -> str:
         """``"triton"`` (CUDA, float32 contiguous), ``"foreach"`` (the multi-tensor path) or
@@ -549,18 +515,6 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         if stepped != len(self.param_groups[gi]["params"]):
             self._equal_steps[gi] = False
 
-    def _check_equal_steps(self) -> None:
-        """After a load: read the counters once (outside any step) to know which groups'
-        counters are equal."""
-        for gi, group in enumerate(self.param_groups):
-            states = [self.state.get(p, {}) for p in group["params"]]
-            steps = [s["step"] for s in states if "step" in s]
-            if not steps:
-                self._equal_steps[gi] = True
-            else:
-                host = torch.stack([t.reshape(()).float().cpu() for t in steps]).tolist()
-                self._equal_steps[gi] = len(steps) == len(states) and len(set(host)) == 1
-
     # --- lifecycle ------------------------------------------------------------------------
     @torch.no_grad()
     def reset_state(self) -> None:
@@ -577,45 +531,3 @@ class Adam(ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         self._equal_steps = [True] * len(self.param_groups)
         self.cadence.reset()
         self._clear_workspace()
-
-    # --- checkpoints ----------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        sd = _undecorated(torch.optim.Optimizer.state_dict)(self)
-        sd["trimtab"] = {
-            "state_vector": self.state_vector.state_dict(),
-            "ema": self._ema.state_dict(),
-            "engagement": self.engagement.state_dict(),
-            "quantile_bins": self._sel.clone(),
-            "sample_phase": self._phase.clone(),
-            "cadence": self.cadence.state_dict(),
-        }
-        return sd
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        extra = state_dict.pop("trimtab", None)
-        if extra is None:
-            raise LayoutMismatchError(
-                "this state dict has no 'trimtab' entry (it was not saved by "
-                "trimtab.optim.Adam.state_dict()); load the moments into torch.optim.AdamW, or "
-                "start this optimizer fresh"
-            )
-        # Check the layout before touching anything, so a refused load changes nothing.
-        saved = extra["state_vector"]
-        if saved.get("fingerprint") != self.state_vector.fingerprint:
-            self.state_vector.load_state_dict(saved)  # raises LayoutMismatchError with a diff
-        _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
-        self.state_vector.load_state_dict(saved)
-        self._ema.load_state_dict(extra["ema"])
-        self.engagement.load_state_dict(extra["engagement"])
-        self._clear_workspace()
-        self._check_equal_steps()
-        # The window bases and the sampling phase: the quantiles continue as they would have.
-        bins = extra.get("quantile_bins")
-        if bins is not None and tuple(bins.shape) == tuple(self._sel.shape):
-            self._sel.copy_(bins)
-        if extra.get("sample_phase") is not None:
-            self._phase.copy_(extra["sample_phase"])
-        self.cadence.load(extra.get("cadence"))
-        for group in self.param_groups:
-            _check_group(group)
