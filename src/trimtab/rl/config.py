@@ -14,10 +14,12 @@ import torch
 
 from trimtab._headroom import check_headroom
 from trimtab.rl.agent import AgentConfig
+from trimtab.rl.backtest.execution import EXECUTIONS, Execution
 from trimtab.rl.configio import ConfigError
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "BacktestConfig",
     "CPU_MEASURE_EVERY",
     "CUDA_DEFAULTS",
     "DEFAULT_CHECK_EVERY",
@@ -28,6 +30,7 @@ __all__ = [
     "TrainConfig",
     "WalkForwardConfig",
     "measure_every",
+    "embargo_days",
     "uses_cuda_graph",
     "with_device_defaults",
 ]
@@ -90,7 +93,7 @@ def _check(bad: list[str], section: str) -> None:
 @dataclass(frozen=True)
 class RunConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
-    seed: int = 0  # seeds the agent, the environments and (unless data.market_seed) the market
+    seed: int = 0  # seeds the agent and the environments (the market has data.market_seed)
     out: str = ""  # run directory ("" = runs/<time>-<stability>-s<seed>); must be new or empty
     stability: Stability = "adaptive"  # adaptive | fixed | off  (README: Stability modes)
     on_nonfinite: Literal["halt", "skip", "sanitize"] = "halt"
@@ -213,22 +216,50 @@ class RunConfig:
 @dataclass(frozen=True)
 class DataConfig:
     paths: tuple[str, ...] = ()  # OHLCV files or folders; empty = the embedded synthetic market
+    # users' files: what an empty row (every value cell empty) does: "drop" it, "ffill" it
+    # flat from the previous close, or "error"; gaps longer than max_gap_days are reported
+    # either way (and an error under "error")
     gaps: Literal["drop", "ffill", "error"] = "drop"
+    # users' files: the most missing bars in a row (business days for daily bars) that pass
+    # without a gap warning
+    max_gap_days: int = 5
     synthetic_days: int = 2520  # business days of the embedded market (10 years)
-    market_seed: int | None = None  # None = run.seed
+    # the embedded market's seed, its own key so that several run.seed values train on one
+    # market and can be compared
+    market_seed: int = 0
     stress: bool = False  # the stress preset: a crash segment late in the data
 
     def __post_init__(self) -> None:
-        _check([] if self.synthetic_days >= 100 else ["synthetic_days must be >= 100"], "data")
+        bad = []
+        if self.gaps not in ("drop", "ffill", "error"):
+            bad.append(f"gaps={self.gaps!r} must be 'drop', 'ffill' or 'error'")
+        if type(self.max_gap_days) is not int or self.max_gap_days < 0:
+            bad.append(f"max_gap_days={self.max_gap_days!r} must be an integer >= 0")
+        if self.synthetic_days < 100:
+            bad.append(f"synthetic_days={self.synthetic_days} must be >= 100")
+        if type(self.market_seed) is not int or self.market_seed < 0:
+            bad.append(f"market_seed={self.market_seed!r} must be an integer >= 0")
+        _check(bad, "data")
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "market"  # "market", or "gym:ID" for a Gymnasium env (e.g. gym:CartPole-v1)
-    # market only: target position per asset (short, flat, long) and the transaction cost per
-    # unit of turnover, in basis points
+    # market only: target position per asset (short, flat, long)
     levels: tuple[float, ...] = (-1.0, 0.0, 1.0)
-    cost_bps: float = 1.0
+    # market only: where a decision on the close of bar t is filled: "next_open" (the open of
+    # bar t+1), "next_close" (a whole bar late) or "same_close" (the close just seen: a price
+    # nobody could trade at, labelled optimistic in every table). README: Execution and costs
+    execution: Execution = "next_open"
+    # market only, per unit of turnover (sum |dw|; a round trip of the whole book is 2): the
+    # broker's commission and half the bid-ask spread (with slippage), in basis points. 5 bp
+    # all in is what liquid large-cap equities and ETFs cost a small fund
+    commission_bps: float = 2.0
+    half_spread_bps: float = 3.0
+    # market only, annual percent: the fee on short notional (general collateral) and the rate
+    # cash earns (also every Sharpe ratio's risk-free rate)
+    borrow_pct: float = 0.5
+    cash_pct: float = 2.0
     # every env: training rewards (what the replay stores) are the env's rewards times this;
     # metrics, episode returns and evaluation always use the unscaled rewards (a stress knob:
     # market rewards x100 as in a P&L unit)
@@ -248,8 +279,14 @@ class EnvConfig:
             bad.append(f"impl='torch' runs {list(TORCH_ENVS)} only, not name={self.name!r}")
         if len(self.levels) < 2 or any(abs(x) > 1 for x in self.levels):
             bad.append(f"levels={self.levels} need >= 2 values in [-1, 1]")
-        if self.cost_bps < 0 or self.n_envs < 1 or self.episode_days < 2:
-            bad.append("need cost_bps >= 0, n_envs >= 1, episode_days >= 2")
+        if self.execution not in EXECUTIONS:
+            bad.append(f"execution={self.execution!r} must be one of {list(EXECUTIONS)}")
+        for key in ("commission_bps", "half_spread_bps", "borrow_pct", "cash_pct"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                bad.append(f"{key}={v!r} must be a finite number >= 0")
+        if self.n_envs < 1 or self.episode_days < 2:
+            bad.append("need n_envs >= 1, episode_days >= 2")
         if not (self.reward_scale > 0 and math.isfinite(self.reward_scale)):
             bad.append(f"reward_scale={self.reward_scale} must be a finite number > 0")
         _check(bad, "env")
@@ -265,9 +302,15 @@ class WalkForwardConfig:
     # replay buffer); 8000 = 500 batched steps of the default 16 envs
     learning_starts: int = 8000
     updates_per_step: int = 1  # gradient steps per batched env step once learning has started
+    # days cut from the end of each training window before its test window (purging): no
+    # training reward or n-step target reaches within this many days of a test day; "auto" =
+    # agent.n_step
+    embargo: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         bad = []
+        if self.embargo != "auto" and (type(self.embargo) is not int or self.embargo < 0):
+            bad.append(f"embargo={self.embargo!r} must be 'auto' or an integer >= 0 (days)")
         if self.folds < 1:
             bad.append(f"folds={self.folds} must be >= 1")
         if self.window_days < 0 or self.steps_per_fold < 1 or self.learning_starts < 0:
@@ -275,6 +318,34 @@ class WalkForwardConfig:
         if self.updates_per_step < 1:
             bad.append("updates_per_step must be >= 1")
         _check(bad, "walkforward")
+
+
+@dataclass(frozen=True)
+class BacktestConfig:
+    """The market's out-of-sample statistics and baselines (README: Reading the backtest)."""
+
+    # draws of the turnover-matched random strategy (the agent's percentile among them)
+    random_draws: int = 200
+    # stationary-bootstrap resamples behind every 95% interval, and their mean block length
+    # in bars (0 = the Politis-White automatic choice)
+    bootstrap_draws: int = 2000
+    block_days: int = 0
+    # the baselines' look-backs in bars: momentum's k-day return, the MA crossover's windows
+    momentum_days: int = 20
+    ma_fast: int = 20
+    ma_slow: int = 100
+
+    def __post_init__(self) -> None:
+        bad = []
+        for key in ("random_draws", "bootstrap_draws", "momentum_days", "ma_fast", "ma_slow"):
+            v = getattr(self, key)
+            if type(v) is not int or v < 1:
+                bad.append(f"{key}={v!r} must be an integer >= 1")
+        if type(self.block_days) is not int or self.block_days < 0:
+            bad.append(f"block_days={self.block_days!r} must be an integer >= 0 (0 = automatic)")
+        if not bad and self.ma_fast >= self.ma_slow:
+            bad.append(f"ma_fast={self.ma_fast} must be shorter than ma_slow={self.ma_slow}")
+        _check(bad, "backtest")
 
 
 @dataclass(frozen=True)
@@ -322,6 +393,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     walkforward: WalkForwardConfig = field(default_factory=WalkForwardConfig)
+    backtest: BacktestConfig = field(default_factory=BacktestConfig)
     gym: GymConfig = field(default_factory=GymConfig)
     agent: AgentConfig = field(default_factory=_default_agent)
 
@@ -372,6 +444,7 @@ def inapplicable_keys(cfg: TrainConfig) -> list[str]:
             _changed(cfg.data, DataConfig(), "data")
             + _changed(cfg.env, EnvConfig(), "env", keep=_ENV_SHARED)
             + _changed(cfg.walkforward, WalkForwardConfig(), "walkforward")
+            + _changed(cfg.backtest, BacktestConfig(), "backtest")
         )
     return _changed(cfg.gym, GymConfig(), "gym")
 
@@ -404,3 +477,10 @@ def measure_every(run: RunConfig, device: torch.device) -> int:
             "run.measure_every = 1 or 'auto'"
         )
     return run.measure_every
+
+
+def embargo_days(cfg: TrainConfig) -> int:
+    """``walkforward.embargo`` resolved: ``"auto"`` is ``agent.n_step`` (an n-step target reads
+    that many days ahead of its decision)."""
+    wf = cfg.walkforward
+    return cfg.agent.n_step if wf.embargo == "auto" else int(wf.embargo)

@@ -1,7 +1,9 @@
 """Trading environments: many episodes stepped at once in torch, and a gymnasium wrapper.
 
 One action branch per asset picks a target position among ``levels``; the reward is the
-equal-weight portfolio's next-day log return net of transaction costs.
+equal-weight portfolio's log return over the next bar, filled and charged as
+:mod:`trimtab.rl.backtest.execution` says (next open by default; commission, spread, borrow,
+cash).
 """
 
 from __future__ import annotations
@@ -15,13 +17,36 @@ import numpy as np
 import torch
 from torch import Tensor
 
-BPS = 1e-4
+from trimtab.rl.backtest.execution import (
+    BPS,
+    RUIN_EQUITY,
+    Costs,
+    Fills,
+    ruined,
+    step_log_return,
+)
 
-#: Ruin: a day that ends with equity at or below this fraction of its starting equity (a
-#: numerical floor, not a tuned bound: float32's resolution of 1, i.e. nothing is left). A
-#: portfolio cannot lose more than everything, so a simple return below -100% (a short position
-#: through a day of +A x 100% for A assets) is ruin, with the finite reward log(RUIN_EQUITY).
-RUIN_EQUITY = float(torch.finfo(torch.float32).eps)
+__all__ = ["BPS", "RUIN_EQUITY", "BatchedTradingEnv", "Evaluation", "StepResult",
+           "TradingGymEnv", "as_costs", "as_fills", "evaluate", "portfolio_log_return",
+           "ruined"]  # fmt: skip
+
+
+def as_fills(returns: Fills | Tensor | np.ndarray) -> Fills:
+    """``returns`` as :class:`Fills`: close-to-close log returns ``[T, A]`` fill at the close
+    just seen (``same_close``)."""
+    if isinstance(returns, Fills):
+        return returns
+    r = returns.detach().cpu().numpy() if isinstance(returns, Tensor) else np.asarray(returns)
+    return Fills.same_close(r)
+
+
+def as_costs(costs: Costs | float) -> Costs:
+    """``costs`` as :class:`Costs`; a number is bp per unit of turnover, all in, nothing else."""
+    if isinstance(costs, Costs):
+        return costs
+    if not float(costs) >= 0:
+        raise ValueError(f"a cost of {costs} bp per unit of turnover must be >= 0")
+    return Costs(commission_bps=float(costs))
 
 
 class StepResult(NamedTuple):
@@ -46,15 +71,16 @@ class BatchedTradingEnv:
     Episode: decision days ``t = s, ..., s + window_len - 1`` with a start ``s`` drawn uniformly
     from ``[0, T - 1 - window_len]`` by a seeded ``torch.Generator``; positions start flat.
     At day ``t`` the agent sees ``features[t]`` (flattened) and its current position levels,
-    chooses target levels ``l_a = levels[action_a]``, holds weights ``w_a = l_a / A`` over day
-    ``t + 1`` and receives (``R`` = simple return, ``c = cost_bps * 1e-4``)
-
-        reward_t = log(1 + sum_a w_a R_{t+1,a}) - c * sum_a |w_a - w_prev_a|.
+    chooses target levels ``l_a = levels[action_a]`` (weights ``w_a = l_a / A``) and receives
+    the net log return of bar ``t + 1`` under the fills and costs given
+    (:func:`trimtab.rl.backtest.execution.step_log_return`: the old weights earn the part of
+    the bar before the fill, the new ones the part after it; turnover pays commission and
+    half-spread, cash earns the cash rate and shorts pay the borrow fee).
 
     With ``|l| <= 1``, ``sum_a |w_a| <= 1`` and ``R > -1``, but a short position loses more
     than everything on a day with ``R > A`` (a bad tick, an unadjusted reverse split): when
-    ``1 + sum_a w_a R_a <= RUIN_EQUITY`` the day is *ruin*, its reward the finite
-    ``log(RUIN_EQUITY) - costs`` (about -15.9), and the episode *terminates* (equity is gone:
+    a growth factor of the bar falls to ``RUIN_EQUITY`` or below the day is *ruin*, its reward
+    finite (about -15.9 per part), and the episode *terminates* (equity is gone:
     an absorbing state, no bootstrap). Costs are charged on entry and on every change; the
     position is not liquidated at the end of the window. After the last step the episode is
     *truncated* (a time limit, so bootstrap through it), and an ended episode resets in the
@@ -65,17 +91,18 @@ class BatchedTradingEnv:
     def __init__(
         self,
         features: Tensor | np.ndarray,
-        log_returns: Tensor | np.ndarray,
+        returns: Fills | Tensor | np.ndarray,
         n_envs: int,
         window_len: int,
         levels: Sequence[float] = (-1.0, 0.0, 1.0),
-        cost_bps: float = 1.0,
+        costs: Costs | float = 1.0,
         device: torch.device | str | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         feats = torch.as_tensor(features)
-        rets = torch.as_tensor(log_returns)
+        fills, self.costs = as_fills(returns), as_costs(costs)
+        rets = torch.as_tensor(fills.log_returns)
         if feats.ndim != 3 or rets.shape != feats.shape[:2]:
             raise ValueError(
                 f"need features [T, A, F] and log_returns [T, A], got "
@@ -84,22 +111,24 @@ class BatchedTradingEnv:
         t_len, n_assets, _ = feats.shape
         if not 1 <= window_len <= t_len - 1:
             raise ValueError(f"window_len must be in [1, T - 1 = {t_len - 1}], got {window_len}")
-        if n_envs < 1 or cost_bps < 0:
-            raise ValueError("need n_envs >= 1 and cost_bps >= 0")
+        if n_envs < 1:
+            raise ValueError(f"need n_envs >= 1, got {n_envs}")
         if not levels or max(abs(float(x)) for x in levels) > 1:
             raise ValueError(f"levels must be non-empty with |level| <= 1, got {levels}")
-        if not (torch.isfinite(feats).all() and torch.isfinite(rets).all()):
+        if not (torch.isfinite(feats).all() and np.isfinite(fills.pre).all()
+                and np.isfinite(fills.post).all()):  # fmt: skip
             raise ValueError("features and log_returns must be finite (slice off the warm-up)")
         self.device = torch.device(device) if device is not None else feats.device
         self.dtype = dtype
         self.features = feats.to(self.device, dtype)
-        self.simple_returns = torch.expm1(rets.to(self.device, torch.float64)).to(dtype)
+        self.fills = fills
+        self.pre = torch.expm1(torch.as_tensor(fills.pre, device=self.device)).to(dtype)
+        self.post = torch.expm1(torch.as_tensor(fills.post, device=self.device)).to(dtype)
         self.levels = torch.tensor([float(x) for x in levels], device=self.device, dtype=dtype)
         self.n_envs, self.window_len, self.n_assets = n_envs, window_len, n_assets
         self.n_days = t_len
         self.obs_dim = n_assets * feats.shape[2] + n_assets
         self.max_start = t_len - 1 - window_len
-        self.cost = float(cost_bps) * BPS
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.start = torch.zeros(n_envs, dtype=torch.long, device=self.device)
         self.t = torch.zeros(n_envs, dtype=torch.long, device=self.device)
@@ -157,9 +186,11 @@ class BatchedTradingEnv:
     def step(self, action: Tensor) -> StepResult:
         """Apply ``action[n_envs, A]`` (indices into ``levels``); see the class docstring."""
         new_pos = self.levels[action]
-        day = self.simple_returns[self.t + 1]
-        reward = portfolio_log_return(new_pos, self.position, day, self.cost)
-        terminated = ruined(new_pos, day)
+        pre, post = self.pre[self.t + 1], self.post[self.t + 1]
+        reward = step_log_return(
+            new_pos, self.position, pre, post, self.costs, self.fills.overnight_old
+        )
+        terminated = ruined(new_pos, self.position, pre, post)
         self.t += 1
         self.position.copy_(new_pos)
         self.episode_return += reward
@@ -181,20 +212,10 @@ class BatchedTradingEnv:
 def portfolio_log_return(
     new_pos: Tensor, old_pos: Tensor, simple_next: Tensor, cost: float
 ) -> Tensor:
-    """``log(max(1 + sum_a (l_a/A) R_a, RUIN_EQUITY)) - cost * sum_a |l_a - l'_a| / A`` over
-    the last axis; finite for every finite return (RUIN_EQUITY or less left: :func:`ruined`).
-    """
-    n_assets = new_pos.shape[-1]
-    w, w_prev = new_pos / n_assets, old_pos / n_assets
-    gross = torch.log1p((w * simple_next).sum(-1).clamp_min(RUIN_EQUITY - 1.0))
-    return gross - cost * (w - w_prev).abs().sum(-1)
-
-
-def ruined(new_pos: Tensor, simple_next: Tensor) -> Tensor:
-    """Where the day leaves at most ``RUIN_EQUITY`` of the equity: ``1 + sum_a w_a R_a`` at or
-    below it (the portfolio cannot lose more than everything; the episode ends there)."""
-    w = new_pos / new_pos.shape[-1]
-    return (w * simple_next).sum(-1) <= RUIN_EQUITY - 1.0
+    """The net log return of a fill at the close just seen (``same_close``) with ``cost`` per
+    unit of turnover (a fraction) and no financing: :func:`step_log_return`'s special case."""
+    zero = torch.zeros_like(simple_next)
+    return step_log_return(new_pos, old_pos, zero, simple_next, Costs(cost / BPS), False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,7 +223,7 @@ class Evaluation:
     """One sequential run over a window: per decision day, arrays of length ``L``."""
 
     log_returns: np.ndarray  # [L] net daily log returns (the rewards)
-    weights: np.ndarray  # [L, A] weights held over the next day
+    weights: np.ndarray  # [L, A] weights chosen on each decision day
     turnover: np.ndarray  # [L] sum_a |w_t - w_{t-1}|, from flat before the first day
     asset_log_returns: np.ndarray  # [L, A] the assets' log returns over the same days
     start: int
@@ -215,11 +236,11 @@ Policy = Callable[[Tensor], Tensor]
 
 def evaluate(
     features: Tensor | np.ndarray,
-    log_returns: Tensor | np.ndarray,
+    returns: Fills | Tensor | np.ndarray,
     policy: Policy | Tensor | np.ndarray,
     *,
     levels: Sequence[float] = (-1.0, 0.0, 1.0),
-    cost_bps: float = 1.0,
+    costs: Costs | float = 1.0,
     start: int = 0,
     end: int | None = None,
     device: torch.device | str | None = None,
@@ -240,9 +261,10 @@ def evaluate(
     buffers, so the result is the eager one; ``policy`` must then make no host sync (the
     agent's greedy act does not).
     """
-    rets = torch.as_tensor(log_returns)
+    fills = as_fills(returns)
+    rets = torch.as_tensor(fills.log_returns)
     end = rets.shape[0] - 1 if end is None else end
-    env = BatchedTradingEnv(features, rets, 1, end - start, levels, cost_bps, device, 0, dtype)
+    env = BatchedTradingEnv(features, fills, 1, end - start, levels, costs, device, 0, dtype)
     obs = env.reset(starts=[start])
     fixed = None if callable(policy) else torch.as_tensor(policy).to(env.device).long()
     if fixed is not None and fixed.shape != (env.window_len, env.n_assets):
@@ -307,12 +329,12 @@ class TradingGymEnv(gym.Env):
     def __init__(
         self,
         features: Tensor | np.ndarray,
-        log_returns: Tensor | np.ndarray,
+        returns: Fills | Tensor | np.ndarray,
         window_len: int,
         levels: Sequence[float] = (-1.0, 0.0, 1.0),
-        cost_bps: float = 1.0,
+        costs: Costs | float = 1.0,
     ) -> None:
-        self._env = BatchedTradingEnv(features, log_returns, 1, window_len, levels, cost_bps, "cpu")
+        self._env = BatchedTradingEnv(features, returns, 1, window_len, levels, costs, "cpu")
         n_assets = self._env.n_assets
         self.action_space = gym.spaces.MultiDiscrete([len(levels)] * n_assets)
         # Every observation comes from the given features, so their range bounds the space.

@@ -26,9 +26,12 @@ Model (daily, asset ``a``, regime ``k_t`` shared by all assets)
 
 Bars
     close_t = close_{t-1} exp(r_t), close_{-1} = 100. open_t = close_{t-1} exp(g_t) with an
-    overnight move g ~ N(0, (0.25 sigma)^2); high/low extend max/min(open, close) by
-    |N(0, (0.5 sigma)^2)|; volume = 1e6 (1 + |r_t| / (sigma_calm s_a))^0.7 exp(N(0, 0.2^2)).
-    These draws only shape the bars; returns come from the close alone.
+    overnight move g_t = theta r_t + N(0, (0.1 sigma)^2): a share theta (``overnight_share``,
+    0.3) of the day's return, its predictable part included, happens before the open, so the
+    open carries information and a fill there misses that share of the edge. The intraday
+    move is r_t - g_t. high/low extend max/min(open, close) by |N(0, (0.5 sigma)^2)|;
+    volume = 1e6 (1 + |r_t| / (sigma_calm s_a))^0.7 exp(N(0, 0.2^2)). Close-to-close returns
+    come from the model above alone: these draws shape the bars, not the closes.
 Stress (``stress_start_frac`` set)
     From day ``floor(stress_start_frac T)`` to ``floor(stress_end_frac T)`` the regime is
     crash (its phi and rho) with mu = -stress_return_mult |mu_calm| and sigma =
@@ -95,6 +98,7 @@ class MarketSpec:
     drift_mult: tuple[float, ...] = ()  # () -> DEFAULT_DRIFT_MULT, cycled to n_assets
     vol_mult: tuple[float, ...] = ()  # () -> DEFAULT_VOL_MULT, cycled to n_assets
     tail_df: float = 4.0
+    overnight_share: float = 0.3
     stress_start_frac: float | None = None
     stress_end_frac: float = 1.0
     stress_vol_mult: float = 20.0
@@ -113,6 +117,8 @@ class MarketSpec:
                 raise ValueError(f"{name} needs one value per asset ({self.n_assets})")
         if self.n_days < 2 or self.tail_df <= 2:
             raise ValueError("need n_days >= 2 and tail_df > 2 (finite variance)")
+        if not 0 <= self.overnight_share <= 1:
+            raise ValueError(f"overnight_share={self.overnight_share} must be in [0, 1]")
         s = self.stress_start_frac
         if s is not None and not 0 <= s < self.stress_end_frac <= 1:
             raise ValueError("need 0 <= stress_start_frac < stress_end_frac <= 1")
@@ -132,6 +138,13 @@ class MarketSpec:
         p = w / w.sum(1, keepdims=True) * (1.0 - stay)[:, None]
         np.fill_diagonal(p, stay)
         return p
+
+    def expected_return(self, regime: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """``E[r_{t+1} | regime k_t, r_t]`` ``[T, A]`` if the regime stays: the model's
+        ``mu_k m_a + phi_k (r_t - mu_k m_a)`` (what the oracle baseline bets on)."""
+        mu = np.array([r.drift for r in self.regimes])[regime][:, None] * np.asarray(self.drift_mult)
+        phi = np.array([r.ar for r in self.regimes])[regime][:, None]
+        return mu + phi * (np.asarray(last, np.float64) - mu)
 
     def stress_range(self) -> tuple[int, int] | None:
         """Day range ``[start, end)`` of the stress segment, or None."""
@@ -189,7 +202,7 @@ def simulate(spec: MarketSpec | None = None) -> SyntheticMarket:
 
     close = 100.0 * np.exp(np.cumsum(r, axis=0))
     prev = np.concatenate([np.full((1, n), 100.0), close[:-1]])
-    open_ = prev * np.exp(0.25 * sig * u_bar[0])
+    open_ = prev * np.exp(spec.overnight_share * r + 0.1 * sig * u_bar[0])
     high = np.maximum(open_, close) * np.exp(np.abs(0.5 * sig * u_bar[1]))
     low = np.minimum(open_, close) * np.exp(-np.abs(0.5 * sig * u_bar[2]))
     base_sig = calm.vol * np.asarray(spec.vol_mult)
