@@ -106,11 +106,11 @@ class MarketAdapter:
 
         fold, env_cfg = self.folds[k], self.cfg.env
         self.feats, self.norm = fold_arrays(self.market, fold)
-        a, b = fold.train_start, fold.train_end
+        a, b = fold.train_start, fold.fit_end  # the embargo's days are not trained on
         self.env = BatchedTradingEnv(
-            self.feats[a:b], self.market.log_returns[a:b], n_envs=env_cfg.n_envs,
+            self.feats[a:b], self.market.fills.slice(a, b), n_envs=env_cfg.n_envs,
             window_len=min(env_cfg.episode_days, b - a - 1), levels=env_cfg.levels,
-            cost_bps=env_cfg.cost_bps, device=self.device, seed=seed,
+            costs=self.market.costs, device=self.device, seed=seed,
         )  # fmt: skip
         return self.env.reset()
 
@@ -141,11 +141,21 @@ class MarketAdapter:
         fold = self.folds[k]
         return evaluate_fold(self.market, fold, self.feats, policy, self.cfg, self.device)
 
-    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, rows: list[dict[str, Any]], run_dir: Any = None) -> dict[str, Any]:
+        """The data's warnings and issues, the folds' aggregate and, given the run directory
+        that holds the folds' curves, the pooled out-of-sample backtest (``oos``,
+        ``baselines``, ``vs_baselines``; it writes ``oos.csv``)."""
+        from dataclasses import asdict
+
+        from trimtab.rl.backtest.pooled import pool
         from trimtab.rl.report import aggregate_folds
 
+        pooled = pool(run_dir, rows, self.market, self.cfg) if run_dir and rows else {}
         return {"data_warnings": list(self.market.data.warnings),
-                "aggregate": aggregate_folds(rows)}  # fmt: skip
+                "data_issues": [asdict(i) for i in self.market.data.issues],
+                "periods_per_year": self.market.periods_per_year,
+                **pooled,
+                "aggregate": aggregate_folds(rows, pooled.get("oos"))}  # fmt: skip
 
     def close(self) -> None:
         self.env = None
@@ -296,7 +306,7 @@ class GymAdapter:
                "train_return_last100": float(np.mean(recent)) if recent else None}  # fmt: skip
         return row, None
 
-    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, rows: list[dict[str, Any]], run_dir: Any = None) -> dict[str, Any]:
         keys = ("episodes", "mean_return", "std_return", "min_return", "max_return")
         return {
             "train_return_last100": rows[-1]["train_return_last100"] if rows else None,
@@ -399,7 +409,7 @@ class TorchCartPoleAdapter(GymAdapter):
                "train_return_last100": float(np.mean(recent)) if recent else None}  # fmt: skip
         return row, None
 
-    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(self, rows: list[dict[str, Any]], run_dir: Any = None) -> dict[str, Any]:
         return {**super().summary(rows), "env_impl": "torch"}
 
     def close(self) -> None:

@@ -12,11 +12,15 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from trimtab.rl.data import MarketData
 
-FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z")
+FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z", "autocorr_20",
+                 "mkt_autocorr_20")  # fmt: skip
 RETURN_HORIZONS = (1, 5, 20)
 VOL_WINDOW = 20
 VOLUME_WINDOW = 20
-WARMUP = max(*RETURN_HORIZONS, VOL_WINDOW, VOLUME_WINDOW - 1)
+#: days of the rolling lag-1 autocorrelation: whether yesterday's move tends to continue
+#: (momentum) or reverse, the sign of the bet on it
+AUTOCORR_WINDOW = 20
+WARMUP = max(*RETURN_HORIZONS, VOL_WINDOW, VOLUME_WINDOW - 1, AUTOCORR_WINDOW + 1)
 """Days 0..WARMUP-1 lack a full look-back; their features are NaN. Slice them off."""
 STD_FLOOR = 1e-12
 """Numerical guard only: a feature constant over the fit window is centred, not scaled."""
@@ -30,7 +34,11 @@ def compute_features(data: MarketData) -> np.ndarray:
     - ``ret_h``  = log p_t - log p_{t-h} for h in 1, 5, 20;
     - ``vol_20`` = standard deviation (ddof=1) of r_{t-19..t};
     - ``hl_range`` = log(high_t / low_t);
-    - ``volume_z`` = z-score of log(1 + volume_t) within days t-19..t (0 when constant).
+    - ``volume_z`` = z-score of log(1 + volume_t) within days t-19..t (0 when constant);
+    - ``autocorr_20`` = the sample correlation of (r_{t-19..t}) with (r_{t-20..t-1}): the
+      lag-1 autocorrelation of the last 20 returns (0 when either window is constant);
+    - ``mkt_autocorr_20`` = the mean of ``autocorr_20`` over the assets (the same for each):
+      one market-wide estimate, less noisy than an asset's own when regimes are shared.
     """
     log_p = np.log(data.adj_close)
     t_len, n = log_p.shape
@@ -47,8 +55,23 @@ def compute_features(data: MarketData) -> np.ndarray:
         sd = win.std(axis=-1, ddof=1)
         z = (lv[VOLUME_WINDOW - 1 :] - win.mean(axis=-1)) / np.maximum(sd, STD_FLOOR)
         out[VOLUME_WINDOW - 1 :, :, 5] = np.where(sd > STD_FLOOR, z, 0.0)
+    if t_len > AUTOCORR_WINDOW + 1:
+        ac = _lag1_autocorr(r, AUTOCORR_WINDOW)
+        out[AUTOCORR_WINDOW + 1 :, :, 6] = ac
+        out[AUTOCORR_WINDOW + 1 :, :, 7] = ac.mean(axis=1, keepdims=True)
     out[:WARMUP] = np.nan
     return out
+
+
+def _lag1_autocorr(r: np.ndarray, w: int) -> np.ndarray:
+    """``[T' , A]``: the correlation of ``r[i+1 .. i+w]`` with ``r[i .. i+w-1]`` for each
+    ``i``; ``r[i]`` is day ``i + 1``'s return, so row ``j`` belongs to day ``j + w + 1``."""
+    now = sliding_window_view(r[1:], w, axis=0)  # [T', A, w]
+    lag = sliding_window_view(r[:-1], w, axis=0)
+    a = now - now.mean(-1, keepdims=True)
+    b = lag - lag.mean(-1, keepdims=True)
+    den = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    return np.where(den > STD_FLOOR, (a * b).sum(-1) / np.maximum(den, STD_FLOOR), 0.0)
 
 
 @dataclass

@@ -288,8 +288,22 @@ def _loads(path: Path, learner: Any) -> bool:
     return True
 
 
+def _cell(v: object) -> str:
+    return v if isinstance(v, str) else f"{v:.10g}"
+
+
 def write_fold_curve(run_dir: Path, fold: int, curves: dict[str, np.ndarray]) -> None:
-    lines = [",".join(curves)]
-    cols = list(curves.values())
-    lines += [",".join(f"{c[i]:.10g}" for c in cols) for i in range(len(cols[0]))]
+    """``folds/fold_K.csv`` of the 1-D curves (text cells as they are, numbers to 10
+    digits); each 2-D array (a baseline's many draws) as ``folds/fold_K_NAME.npy``."""
+    cols = {k: v for k, v in curves.items() if np.ndim(v) == 1}
+    n = len(next(iter(cols.values())))
+    lines = [",".join(cols)]
+    lines += [",".join(_cell(c[i]) for c in cols.values()) for i in range(n)]
     ckpt.atomic_write_text(run_dir / "folds" / f"fold_{fold}.csv", "\n".join(lines) + "\n")
+    for name, arr in curves.items():
+        if np.ndim(arr) == 2:
+            path = run_dir / "folds" / f"fold_{fold}_{name}.npy"
+            tmp = path.with_suffix(".npy.tmp")
+            with tmp.open("wb") as fh:
+                np.save(fh, arr)
+            tmp.replace(path)

@@ -205,7 +205,8 @@ def _run(
         "updates": prog.global_step,
         "seconds": round(prog.elapsed(), 1),
         "fold_boundary": life.describe(),
-        **adapter.summary(prog.fold_rows),
+        # the market's pooled backtest reads the folds' curves back from the run directory
+        **adapter.summary(prog.fold_rows, run_dir if main else None),
     }
     if ranks is not None:  # env steps and updates above are per rank (rank 0's envs)
         summary["world_size"] = ranks.world_size
