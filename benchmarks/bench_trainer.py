@@ -58,10 +58,10 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple[Any, ...]:
     fold = make_folds(market.n_days, cfg)[0]
     feats, _ = fold_arrays(market, fold)
     env = BatchedTradingEnv(
-        feats[fold.train_start : fold.train_end],
-        market.log_returns[fold.train_start : fold.train_end],
+        feats[fold.train_start : fold.fit_end],
+        market.fills.slice(fold.train_start, fold.fit_end),
         n_envs=cfg.env.n_envs, window_len=cfg.env.episode_days, levels=cfg.env.levels,
-        cost_bps=cfg.env.cost_bps, device=device, seed=0,
+        costs=market.costs, device=device, seed=0,
     )  # fmt: skip
     n = market.features.shape[1]
     with Lifecycle():

@@ -11,7 +11,6 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from trimtab.rl.env import BatchedTradingEnv, TradingGymEnv, evaluate, portfolio_log_return
-from trimtab.rl.metrics import buy_and_hold
 
 T, A, F = 60, 3, 2
 
@@ -43,7 +42,7 @@ def test_hand_worked_reward_and_cost() -> None:
     rets = torch.log(
         torch.tensor([[1.0, 1.0], [1.1, 0.5], [1.2, 1.0], [1.0, 1.0]], dtype=torch.float64)
     )
-    env = BatchedTradingEnv(feats, rets, 1, 3, cost_bps=10.0, dtype=torch.float64)
+    env = BatchedTradingEnv(feats, rets, 1, 3, costs=10.0, dtype=torch.float64)
     env.reset(starts=[0])
     # flat -> long asset 0 (w = 1/2): log(1 + 0.5 * 0.1) - 0.001 * 0.5
     r1 = env.step(torch.tensor([[2, 1]])).reward.item()
@@ -103,12 +102,12 @@ def test_batch_matches_sequential_evaluation() -> None:
     n, window = 6, 15
     starts = torch.tensor([0, 3, 17, 30, 44, T - 1 - window])
     actions = torch.randint(0, 3, (window, n, A), generator=torch.Generator().manual_seed(1))
-    env = BatchedTradingEnv(feats, rets, n, window, cost_bps=5.0, dtype=torch.float64)
+    env = BatchedTradingEnv(feats, rets, n, window, costs=5.0, dtype=torch.float64)
     env.reset(starts=starts)
     rewards = torch.stack([env.step(actions[k]).reward for k in range(window)])
     for i in range(n):
         s = int(starts[i])
-        ev = evaluate(feats, rets, actions[:, i], cost_bps=5.0, start=s, end=s + window)
+        ev = evaluate(feats, rets, actions[:, i], costs=5.0, start=s, end=s + window)
         np.testing.assert_allclose(rewards[:, i].numpy(), ev.log_returns, rtol=0, atol=1e-15)
         np.testing.assert_array_equal(ev.asset_log_returns, rets[s + 1 : s + window + 1].numpy())
 
@@ -121,12 +120,13 @@ def test_evaluate_with_a_policy_and_the_always_long_baseline() -> None:
         seen.append(obs[0, A * F :].clone())
         return torch.full((1, A), 2)
 
-    ev = evaluate(feats, rets, policy, cost_bps=3.0, start=10)
+    ev = evaluate(feats, rets, policy, costs=3.0, start=10)
     assert ev.log_returns.shape == (T - 1 - 10,) and ev.weights.shape == (T - 11, A)
     assert torch.all(seen[0] == 0) and torch.all(seen[1] == 1)  # the position is observed
     np.testing.assert_allclose(ev.turnover, np.r_[1.0, np.zeros(T - 12)])
-    bh = buy_and_hold(ev.asset_log_returns, cost_bps=3.0, rebalance=True)
-    np.testing.assert_allclose(ev.log_returns, bh.log_returns, rtol=0, atol=1e-15)
+    # always long: the equal-weight book rebalanced daily, the entry's 3 bp paid once
+    book = np.log1p(np.expm1(ev.asset_log_returns).mean(1)) - 3e-4 * ev.turnover
+    np.testing.assert_allclose(ev.log_returns, book, rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize(
@@ -136,21 +136,21 @@ def test_evaluate_with_a_policy_and_the_always_long_baseline() -> None:
         ({"window_len": T}, "window_len"),
         ({"window_len": 0}, "window_len"),
         ({"n_envs": 0}, "n_envs"),
-        ({"cost_bps": -1.0}, "cost_bps"),
+        ({"costs": -1.0}, "per unit of turnover"),
         ({"features": torch.full((T, A, F), float("nan"))}, "finite"),
-        ({"log_returns": torch.zeros(T, A + 1)}, "log_returns"),
+        ({"returns": torch.zeros(T, A + 1)}, "log_returns"),
     ],
 )
 def test_invalid_arguments(kwargs: dict, message: str) -> None:
     feats, rets = fold()
-    args = {"features": feats, "log_returns": rets, "n_envs": 2, "window_len": 5, **kwargs}
+    args = {"features": feats, "returns": rets, "n_envs": 2, "window_len": 5, **kwargs}
     with pytest.raises(ValueError, match=message):
         BatchedTradingEnv(**args)
 
 
 def test_gymnasium_check_env_and_seeded_reset() -> None:
     feats, rets = fold()
-    env = TradingGymEnv(feats.numpy(), rets.numpy(), window_len=7, cost_bps=2.0)
+    env = TradingGymEnv(feats.numpy(), rets.numpy(), window_len=7, costs=2.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(env, skip_render_check=True)  # no rendering to check
@@ -193,7 +193,7 @@ def test_ruin_ends_the_episode_with_a_finite_reward() -> None:
                            [1.0, 1.0]], dtype=torch.float64)  # fmt: skip
     rets = torch.log(prices / prices.roll(1, 0))
     rets[0] = 0.0
-    env = BatchedTradingEnv(feats, rets, 2, 4, cost_bps=0.0, dtype=torch.float32, seed=3)
+    env = BatchedTradingEnv(feats, rets, 2, 4, costs=0.0, dtype=torch.float32, seed=3)
     env.reset(starts=[0, 0])
     env.step(torch.tensor([[0, 1], [2, 1]]))  # env 0 short asset 0, env 1 long
     res = env.step(torch.tensor([[0, 1], [2, 1]]))  # through the x1000 day
@@ -204,6 +204,6 @@ def test_ruin_ends_the_episode_with_a_finite_reward() -> None:
     assert torch.all(res.obs[0, 2:] == 0)  # reset: flat again
     assert res.reward[1].item() == pytest.approx(math.log(1 + 0.5 * 999), rel=1e-6)
     # evaluation: nothing is traded after the ruin day
-    ev = evaluate(feats, rets, torch.tensor([[0, 1]] * 5), start=0, cost_bps=0.0)
+    ev = evaluate(feats, rets, torch.tensor([[0, 1]] * 5), start=0, costs=0.0)
     assert ev.ruin == 1 and np.isfinite(ev.log_returns).all()
     assert np.all(ev.log_returns[2:] == 0) and np.all(ev.weights[2:] == 0)

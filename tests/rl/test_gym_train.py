@@ -136,7 +136,7 @@ def test_example_config_runs_in_every_mode(tmp_path, mode):
         (["walkforward.learning_starts=64"], "walkforward.learning_starts = 64 (its counterpart: "
                                              "gym.learning_starts)"),
         (["walkforward.folds=3", "data.stress=true"], "data.stress = True; walkforward.folds = 3"),
-        (["env.cost_bps=5.0"], "env.cost_bps = 5.0"),
+        (["env.commission_bps=5.0"], "env.commission_bps = 5.0"),
     ],
 )  # fmt: skip
 def test_market_keys_are_refused_for_a_gym_env(tmp_path, overrides, refused):

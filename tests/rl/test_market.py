@@ -8,7 +8,7 @@ import pytest
 from trimtab.rl.env import evaluate
 from trimtab.rl.features import WARMUP, compute_features
 from trimtab.rl.market import DEFAULT_REGIMES, MarketSpec, simulate
-from trimtab.rl.metrics import buy_and_hold, sharpe
+from trimtab.rl.backtest.stats import sharpe
 
 FIELDS = ("open", "high", "low", "close", "volume", "adj_close")
 
@@ -112,7 +112,7 @@ def test_structure_is_learnable_out_of_sample() -> None:
         gains = []
         for s, e in windows:
             bets = np.sign(phi[regime] * r)[s:e].astype(np.int64)
-            ev = evaluate(feats, r, bets + 1, start=s, end=e, cost_bps=1.0)
-            bh = buy_and_hold(ev.asset_log_returns, cost_bps=1.0)
-            gains.append(sharpe(ev.log_returns) - sharpe(bh.log_returns))
+            ev = evaluate(feats, r, bets + 1, start=s, end=e, costs=1.0)
+            long = evaluate(feats, r, np.full_like(bets, 2), start=s, end=e, costs=1.0)
+            gains.append(sharpe(ev.log_returns, 252) - sharpe(long.log_returns, 252))
         assert agg(gains) > bar, gains

@@ -3,6 +3,7 @@ market that it never trained on (and, apart, the days it did)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,9 @@ import numpy as np
 import torch
 
 from trimtab.rl import checkpoint as ckpt
-from trimtab.rl import metrics
 from trimtab.rl.agent import AgentConfig, DQNAgent
+from trimtab.rl.backtest import baselines, stats
+from trimtab.rl.backtest.execution import OPTIMISTIC, fill_returns
 from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
 from trimtab.rl.configio import from_dict
 from trimtab.rl.data import DataError, load_ohlcv
@@ -38,16 +40,22 @@ def evaluate_checkpoint(
             "checkpoint (checkpoints/fold_K.pt) or last.pt of a finished run"
         )
     cfg = from_dict(TrainConfig, state["config"])
-    if data_paths:
-        data = load_ohlcv(data_paths, gaps=cfg.data.gaps)
-        feats = compute_features(data)[WARMUP:]
-        rets, dates, assets = data.log_returns()[WARMUP:], data.dates[WARMUP:], data.assets
-    else:
-        from trimtab.rl.walkforward import load_market
+    from trimtab.rl.walkforward import costs_of, load_market
 
+    if data_paths:
+        data = load_ohlcv(data_paths, gaps=cfg.data.gaps, max_gap_days=cfg.data.max_gap_days)
+        for w in data.warnings:  # the same checks as a training run's, said the same way
+            print(f"warning: {w}", file=sys.stderr, flush=True)
+        periods = data.periods_per_year
+        feats = compute_features(data)[WARMUP:]
+        all_rets = data.log_returns()
+        fills = fill_returns(all_rets, data.open, data.close, cfg.env.execution).slice(WARMUP, None)
+        rets, dates, assets = all_rets[WARMUP:], data.dates[WARMUP:], data.assets
+        costs = costs_of(cfg, periods)
+    else:
         market = load_market(cfg)
-        feats, rets = market.features, market.log_returns
-        dates, assets = market.data.dates, market.data.assets
+        feats, rets, fills, costs = market.features, market.log_returns, market.fills, market.costs
+        dates, assets, periods = market.data.dates, market.data.assets, market.periods_per_year
     agent_state = state["agent"]
     n_assets = len(agent_state["branch_sizes"])
     if feats.shape[1] != n_assets:
@@ -78,19 +86,23 @@ def evaluate_checkpoint(
         return agent.act(o.to(agent.device, torch.float32), 0, greedy=True)
 
     def window(name: str, start: int, end: int) -> dict[str, Any]:
-        ev = evaluate(x, rets, policy, levels=cfg.env.levels, cost_bps=cfg.env.cost_bps,
-                      start=start, end=end, device=device,
-                      capture=cfg.run.cuda_graph != "off")  # fmt: skip
-        m = metrics.window_metrics(ev.log_returns, ev.weights)
-        bh = metrics.buy_and_hold(ev.asset_log_returns, cfg.env.cost_bps).metrics()
+        ev = evaluate(x, fills, policy, levels=cfg.env.levels, costs=costs, start=start,
+                      end=end, device=device, capture=cfg.run.cuda_graph != "off")  # fmt: skip
+        rf = costs.cash_per_bar
+        m = stats.window_stats(ev.log_returns, ev.weights, periods, rf, draws=0)
+        long = baselines.buy_and_hold(rets, start=start, end=end, levels=cfg.env.levels)
+        bh = baselines.simulate(long, fills.slice(start + 1, end + 1), costs).log_returns[0]
         still = not np.any(ev.asset_log_returns)  # no price moves: a Sharpe ratio means nothing
         return {
             "window": name, "start": str(dates[start + 1]), "end": str(dates[end]),
-            "days": m.n_days, "sharpe": None if still else round(m.sharpe, 4),
-            "total_return": round(m.total_return, 6), "max_drawdown": round(m.max_drawdown, 6),
-            "turnover": round(m.turnover, 6), "hit_rate": round(m.hit_rate, 4),
-            "buy_hold_sharpe": None if still else round(bh.sharpe, 4),
-            "buy_hold_return": round(bh.total_return, 6),
+            "days": m["n_days"], "sharpe": None if still else round(m["sharpe"], 4),
+            "total_return": round(m["total_return"], 6),
+            "max_drawdown": round(m["max_drawdown"], 6),
+            "turnover": round(m["turnover"], 6), "hit_rate": round(m["hit_rate"] or 0.0, 4),
+            "buy_hold_sharpe": None if still else round(stats.sharpe(bh, periods, rf), 4),
+            "buy_hold_return": round(stats.total_return(bh), 6),
+            "execution": cfg.env.execution, "optimistic": cfg.env.execution in OPTIMISTIC,
+            "cost_bps": costs.turnover_bps, "periods_per_year": periods,
             "ruin": None if ev.ruin is None else str(dates[start + 1 + ev.ruin]),
         }  # fmt: skip
 
@@ -115,6 +127,8 @@ def format_window(r: dict[str, Any]) -> str:
     sharpe = "undefined (prices do not move)" if r["sharpe"] is None else f"{r['sharpe']:+.2f}"
     bh = "undefined" if r["buy_hold_sharpe"] is None else f"{r['buy_hold_sharpe']:+.2f}"
     ruin = f"  [! ruin on {r['ruin']}: the portfolio lost everything]" if r.get("ruin") else ""
+    if r.get("optimistic"):
+        ruin += "  [OPTIMISTIC: filled at the close that was just seen]"
     return (
         f"{r['window']} {r['start']}..{r['end']} ({r['days']} days): Sharpe {sharpe} "
         f"(buy & hold {bh}), return {r['total_return']:+.1%} (B&H {r['buy_hold_return']:+.1%}), "

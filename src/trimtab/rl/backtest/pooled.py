@@ -61,12 +61,13 @@ def _baseline_levels(
     days ``start .. end - 1``; each reads returns up to its decision day only."""
     r, levels, b = market.log_returns, _levels(cfg), cfg.backtest
     n_days, n_assets = end - start, r.shape[1]
+    at = {"start": start, "end": end, "levels": levels}
     out = {
-        "buy_and_hold": bl.buy_and_hold(r, start, end, levels),
-        "flat": bl.flat(r, start, end, levels),
-        "momentum": bl.momentum(r, start, end, levels, b.momentum_days),
-        "reversal": bl.reversal(r, start, end, levels),
-        "ma_crossover": bl.ma_crossover(r, start, end, levels, b.ma_fast, b.ma_slow),
+        "buy_and_hold": bl.buy_and_hold(r, **at),
+        "flat": bl.flat(r, **at),
+        "momentum": bl.momentum(r, b.momentum_days, **at),
+        "reversal": bl.reversal(r, **at),
+        "ma_crossover": bl.ma_crossover(r, b.ma_fast, b.ma_slow, **at),
         "random": bl.random_levels(agent_turnover, b.random_draws, seed, levels, n_days, n_assets),
     }
     if market.regimes is not None:
@@ -103,14 +104,14 @@ def fold_backtest(
         x, w = _one(sim.log_returns), _one(sim.weights)
         per[name] = {"sharpe": sharpe(x), "total_return": stats.total_return(x),
                      "max_drawdown": stats.max_drawdown(x), "turnover": stats.turnover(w)}  # fmt: skip
-    draws = np.atleast_2d(sims["random"].log_returns)
+    draws = sims["random"].log_returns  # [N, L]
     draw_sharpes = np.array([stats.sharpe(d, ppy, rf) for d in draws])
     median = int(np.argsort(draw_sharpes)[len(draw_sharpes) // 2])
     per["random"] = {
         "sharpe": sharpe(draws[median]),
         "total_return": stats.total_return(draws[median]),
         "max_drawdown": stats.max_drawdown(draws[median]),
-        "turnover": float(np.mean(np.atleast_2d(sims["random"].turnover))),
+        "turnover": float(np.mean(sims["random"].turnover)),
         "draws": len(draws),
         "agent_percentile": None if still else _percentile(agent["sharpe"], draw_sharpes),
     }
@@ -141,9 +142,9 @@ def fold_backtest(
 
 
 def _one(x: np.ndarray) -> np.ndarray:
-    """A strategy's single series (the leading draw axis of one draw removed)."""
-    x = np.asarray(x)
-    return x[0] if x.ndim >= 2 and x.shape[0] == 1 and x.ndim > 1 + (x.ndim == 3) else x
+    """A one-strategy :class:`~trimtab.rl.backtest.baselines.Simulated` array without its
+    leading draw axis (of length 1)."""
+    return np.asarray(x)[0]
 
 
 def _percentile(value: float | None, sample: np.ndarray) -> float | None:
@@ -217,7 +218,11 @@ def pool(run_dir: str | Path, rows: list[dict[str, Any]], market: Any, cfg: Any)
     if draws and all(d is not None for d in draws):
         pooled_draws = np.concatenate(draws, axis=1).astype(np.float64)  # [N, days]
         sharpes = np.array([stats.sharpe(d, ppy, rf) for d in pooled_draws])
+        # the random strategy's Sharpe is the median draw's, its interval the middle 95% of
+        # the draws (the spread of turnover-matched luck); its curve is each fold's median draw
         base["random"].update(
+            sharpe=None if still else float(np.median(sharpes)),
+            sharpe_ci95=None if still else [float(np.percentile(sharpes, q)) for q in (2.5, 97.5)],
             draws=len(sharpes),
             sharpe_p05=float(np.percentile(sharpes, 5)),
             sharpe_p95=float(np.percentile(sharpes, 95)),
