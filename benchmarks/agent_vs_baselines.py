@@ -4,7 +4,7 @@ separate process, and per seed the pooled out-of-sample Sharpe of the agent and 
 baseline on the same days, and the paired difference against the best simple baseline.
 
     python benchmarks/agent_vs_baselines.py --seeds 0 1 2 3 4 [--jobs 16] [--device cpu] \\
-        [--variant NAME KEY=VALUE ...] [--key NAME] [--out benchmarks/results/agent_vs_baselines.json]
+        [--variant NAME KEY=VALUE ...] [--key NAME] [--out FILE.json]
 
 The targets it checks (per variant, over its seeds): the agent's mean pooled Sharpe above each
 simple baseline's mean (buy & hold, momentum, reversal, MA crossover, random); its paired daily
@@ -33,16 +33,33 @@ from trimtab.benchmarking import provenance, save_record
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "agent_vs_baselines.json"
 SIMPLE = ("buy_and_hold", "momentum", "reversal", "ma_crossover", "random")
-QUICK = ["walkforward.folds=2", "walkforward.steps_per_fold=30", "walkforward.learning_starts=64",
-         "data.synthetic_days=400", "backtest.random_draws=8", "backtest.bootstrap_draws=50"]  # fmt: skip
+QUICK = [
+    "walkforward.folds=2",
+    "walkforward.steps_per_fold=30",
+    "walkforward.learning_starts=64",
+    "data.synthetic_days=400",
+    "backtest.random_draws=8",
+    "backtest.bootstrap_draws=50",
+]
 
 
 def run_one(
     device: str, variant: str, sets: list[str], seed: int, runs: Path, quick: bool
 ) -> dict[str, Any]:
     out = runs / f"{variant}-s{seed}"
-    cmd = [sys.executable, "-m", "trimtab", "train", "--device", device, "--seed", str(seed),
-           "--out", str(out), "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "trimtab",
+        "train",
+        "--device",
+        device,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     for s in [*sets, *(QUICK if quick else [])]:
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -58,8 +75,9 @@ def run_one(
 def seed_row(summary: dict[str, Any]) -> dict[str, Any]:
     """One seed's pooled figures from its summary.json."""
     base = summary["baselines"]
-    best = max((n for n in SIMPLE if base[n]["sharpe"] is not None),
-               key=lambda n: base[n]["sharpe"])  # fmt: skip
+    best = max(
+        (n for n in SIMPLE if base[n]["sharpe"] is not None), key=lambda n: base[n]["sharpe"]
+    )
     vs = summary["vs_baselines"][best]
     row = {
         "agent": summary["oos"]["sharpe"],
@@ -119,7 +137,7 @@ def format_table(rows: list[dict[str, Any]], agg: dict[str, Any]) -> str:
         cells = [("" if r.get(c) is None else f"{r[c]:+.2f}") for c in cols]
         lines.append(f"| {r['seed']} | " + " | ".join(cells) + f" | {r['best_baseline']} |")
     cells = [f"{agg[c]['mean']:+.2f} ± {agg[c]['se']:.2f}" if c in agg else "" for c in cols]
-    lines.append(f"| mean ± s.e. | " + " | ".join(cells) + " | |")
+    lines.append("| mean ± s.e. | " + " | ".join(cells) + " | |")
     return "\n".join(lines)
 
 
@@ -128,8 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--variant", nargs="+", action="append", metavar="NAME KEY=VALUE",
-                   help="a named set of config overrides (repeatable); default: the default")  # fmt: skip
+    p.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        metavar="NAME KEY=VALUE",
+        help="a named set of config overrides (repeatable); default: the default",
+    )
     p.add_argument("--key", help="the record's name in the results file")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--runs", type=Path, help="keep the run directories here")
@@ -140,10 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(name, sets, s) for name, sets in variants.items() for s in args.seeds]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda j: run_one(args.device, j[0], j[1], j[2], runs,
-                                                  args.quick), jobs))  # fmt: skip
+        results = list(
+            pool.map(lambda j: run_one(args.device, j[0], j[1], j[2], runs, args.quick), jobs)
+        )
     record: dict[str, Any] = {
-        "provenance": provenance(args.device),
+        **provenance(args.device),
         "device": args.device,
         "seeds": args.seeds,
         "quick": args.quick,

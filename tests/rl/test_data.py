@@ -277,14 +277,17 @@ def _ohlcv(closes: np.ndarray) -> str:
 
 
 def test_extreme_move_is_a_warning_with_its_date(tmp_path: Path) -> None:
-    """A bad tick (Close x1000 for one day) loads, with both of its moves named by date."""
+    """A bad tick (Close x1000 for one day) loads; its two extreme moves are one ``bad_tick``
+    issue naming both dates (a move is reported once, under its most specific kind)."""
     closes = _walk(1500)
     closes[700] *= 1000
     path = tmp_path / "A.csv"
     path.write_text(_ohlcv(closes))
     d = load_ohlcv(path)
     assert len(d.warnings) == 1 and "\n" not in d.warnings[0]
-    assert "2 extreme one-day move(s)" in d.warnings[0]
+    (issue,) = d.issues
+    assert issue.kind == "bad_tick" and issue.message == d.warnings[0]
+    assert (issue.first, issue.last) == (str(d.dates[700]), str(d.dates[701]))
     assert str(d.dates[700]) in d.warnings[0] and str(d.dates[701]) in d.warnings[0]
     np.testing.assert_array_equal(np.nonzero(extreme_moves(d.log_returns()))[0], [700, 701])
 
@@ -293,4 +296,5 @@ def test_extreme_move_is_a_warning_with_its_date(tmp_path: Path) -> None:
 def test_heavy_tails_are_not_extreme(tmp_path: Path, seed: int) -> None:
     path = tmp_path / "A.csv"
     path.write_text(_ohlcv(_walk(1500, seed)))
-    assert load_ohlcv(path).warnings == ()
+    d = load_ohlcv(path)
+    assert d.warnings == () and d.issues == ()

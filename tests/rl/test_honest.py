@@ -77,7 +77,7 @@ def test_summary_and_report_say_what_ran_with_an_aggregate(tmp_path):
     )
     assert abs(saved["aggregate"]["total_return"] - (compounded - 1)) < 1e-12
     page = (out / "report.html").read_text()
-    for text in ("buy &amp; hold Sharpe", "max drawdown", "config.toml", "Seed <b>0</b>",
+    for text in ("B&amp;H Sharpe", "max DD", "config.toml", "Seed <b>0</b>",
                  "mean ± s.e.", saved["identity"]["version"]):  # fmt: skip
         assert text in page, text
     from trimtab.rl.report import format_fold_table

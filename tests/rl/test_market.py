@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trimtab.rl.backtest.stats import sharpe
 from trimtab.rl.env import evaluate
 from trimtab.rl.features import WARMUP, compute_features
 from trimtab.rl.market import DEFAULT_REGIMES, MarketSpec, simulate
-from trimtab.rl.backtest.stats import sharpe
 
 FIELDS = ("open", "high", "low", "close", "volume", "adj_close")
 

@@ -171,9 +171,9 @@ def test_a_plot_of_all_nan_columns_is_written_without_warnings(tmp_path):
 
     from trimtab.rl import report
 
-    prefix = next(p for p, spec in report._PREFIXES.items() if spec[3])  # a log-scale plot
+    prefix = next(p for p, spec in report.PREFIXES.items() if spec[3])  # a log-scale plot
     metrics = {"step": np.arange(3.0), f"{prefix}a": np.full(3, np.nan)}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        path = report._plot_prefix(metrics, prefix, tmp_path)
+        path = report.plot_prefix(metrics, prefix, tmp_path)
     assert path is not None and path.is_file()

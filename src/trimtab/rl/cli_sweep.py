@@ -1,4 +1,5 @@
-"""``trimtab sweep``: config overrides × seeds as Ray tasks, one merged table (README: Sweeps)."""
+"""``trimtab sweep``: config overrides × seeds as Ray tasks, one merged table (README: Sweeps);
+``trimtab train --seeds``: one config's seeds the same way, one table of seeds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from trimtab.rl.sweep_spec import SweepError, SweepSpec, Trial
 
-__all__ = ["add_command", "build_trials", "cmd_sweep"]
+__all__ = ["add_command", "build_trials", "cmd_sweep", "cmd_train_seeds", "seed_trials"]
 
 
 def add_command(sub: Any) -> None:
@@ -82,7 +83,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "trials are skipped)", file=sys.stderr)  # fmt: skip
         return 130
     print()
-    print(format_table(result.cells))
+    print(format_table(result.cells, result.selection))
     png = ", sweep.png" if (out / "sweep.png").exists() else ""
     print(f"table: {out}/sweep.csv, sweep.json{png}  ({result.seconds:.0f} s)")
     if result.failed:
@@ -91,5 +92,63 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for r in result.failed:
             print(f"  {r.trial.label} seed {r.trial.seed}: {r.error}  ({r.trial.run_dir})",
                   file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def seed_trials(args: argparse.Namespace) -> tuple[list[Trial], Path]:
+    """``trimtab train --seeds``'s flags as one trial per seed, in ``OUT/seedN``."""
+    import time
+
+    from trimtab.rl.cli_train import config_data
+    from trimtab.rl.config import RunConfig
+
+    if args.resume is not None:
+        raise SweepError(
+            "--seeds starts runs, --resume continues one: to continue the seeds, rerun the "
+            "same command with the same --out (finished seeds are skipped)"
+        )
+    if args.seed is not None:
+        raise SweepError("--seed and --seeds: give one of them")
+    if args.dist_backend or _under_torchrun():
+        raise SweepError("--seeds runs its seeds as Ray tasks (or --serial), not under torchrun")
+    data = config_data(args)
+    out = args.out
+    if out is None:
+        stability = data.get("run", {}).get("stability", RunConfig.stability)
+        out = f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{stability}-{len(args.seeds)}seeds"
+    spec = SweepSpec.build(data, seeds=args.seeds)
+    return spec.trials(Path(out), cell_dirs=False), Path(out)
+
+
+def _under_torchrun() -> bool:
+    from trimtab.rl.ddp import world_size_from_env
+
+    return world_size_from_env() > 1
+
+
+def cmd_train_seeds(args: argparse.Namespace) -> int:
+    """Each seed an ordinary run directory ``OUT/seedN`` (run as a sweep of one cell), then a
+    row per seed, their mean ± s.e. and the best seed's deflated Sharpe ratio."""
+    from trimtab.rl.sweep import require_ray, run_sweep
+    from trimtab.rl.sweep_table import format_seeds_table
+
+    trials, out = seed_trials(args)
+    if not args.serial:
+        require_ray()
+    try:
+        result = run_sweep(trials, out, engine="serial" if args.serial else "ray",
+                           cpus=args.cpus)  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"trimtab: interrupted; rerun with --out {out} to continue (finished seeds are "
+              "skipped)", file=sys.stderr)  # fmt: skip
+        return 130
+    print()
+    print(format_seeds_table(result.results, result.selection))
+    print(f"run directories: {out}/seedN; table: {out}/sweep.csv, sweep.json  "
+          f"({result.seconds:.0f} s)")  # fmt: skip
+    if result.failed:
+        print(f"{len(result.failed)} of {len(trials)} seeds failed (rerun with --out {out} to "
+              "retry them)", file=sys.stderr)  # fmt: skip
         return 1
     return 0

@@ -47,6 +47,22 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("--device", help="cpu | cuda | cuda:N")
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        metavar="SEED",
+        help="one run per seed (a sweep of one config: OUT/seedN, Ray tasks), then their "
+        "table with mean ± s.e.; rerun with the same --out to continue",
+    )
+    p.add_argument(
+        "--serial",
+        action="store_true",
+        help="with --seeds: no Ray, the runs one after another in this process",
+    )
+    p.add_argument(
+        "--cpus", type=int, help="with --seeds: CPUs of the local Ray instance (default: all)"
+    )
     p.add_argument("--data", nargs="+", metavar="PATH", help="OHLCV CSV/Parquet files or folders")
     p.add_argument("--env", help="market (default) or gym:ENV_ID, e.g. gym:CartPole-v1")
     p.add_argument("--folds", type=int)
@@ -59,7 +75,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--stress", action="store_true", help="the stress preset of the synthetic market"
     )
-    p.add_argument("--out", help="run directory (default runs/<time>-<stability>-s<seed>)")
+    p.add_argument(
+        "--out",
+        help="run directory (default runs/<time>-<stability>-s<seed>); "
+        "with --seeds the directory of the seeds' run directories",
+    )
     p.add_argument(
         "--resume", type=Path, metavar="RUN_DIR",
         help="continue an interrupted run (or RUN_DIR/checkpoints/fold_K.pt: after fold K)",
@@ -93,6 +113,11 @@ def add_commands(sub: Any) -> None:
 def build_config(args: argparse.Namespace) -> Any:
     from trimtab.rl.config import TrainConfig, with_device_defaults
 
+    return from_dict(TrainConfig, with_device_defaults(config_data(args)))  # more envs on CUDA
+
+
+def config_data(args: argparse.Namespace) -> dict[str, Any]:
+    """The config file, the flags and the --set overrides as nested tables (not validated)."""
     data: dict[str, Any] = load_toml(args.config) if args.config else {}
     flags = {
         "run.device": args.device, "run.seed": args.seed, "run.stability": args.stability,
@@ -110,11 +135,18 @@ def build_config(args: argparse.Namespace) -> Any:
         data.setdefault("data", {})["stress"] = True
     if args.no_progress:
         data.setdefault("run", {})["progress"] = False
-    data = apply_overrides(data, args.overrides)
-    return from_dict(TrainConfig, with_device_defaults(data))  # more envs, batches on CUDA
+    return apply_overrides(data, args.overrides)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.seeds is not None:  # several runs: a sweep of one cell (cli_sweep)
+        from trimtab.rl.cli_sweep import cmd_train_seeds
+
+        return cmd_train_seeds(args)
+    if args.serial or args.cpus is not None:
+        raise ConfigError(
+            "--serial and --cpus say how the runs of --seeds run; drop them for a single run"
+        )
     from trimtab.rl.train import format_fold_table
 
     if args.resume is not None:

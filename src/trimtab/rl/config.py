@@ -19,18 +19,18 @@ from trimtab.rl.configio import ConfigError
 
 __all__ = [
     "AUTOCAST_DTYPES",
-    "BacktestConfig",
     "CPU_MEASURE_EVERY",
     "CUDA_DEFAULTS",
     "DEFAULT_CHECK_EVERY",
+    "BacktestConfig",
     "DataConfig",
     "EnvConfig",
     "GymConfig",
     "RunConfig",
     "TrainConfig",
     "WalkForwardConfig",
-    "measure_every",
     "embargo_days",
+    "measure_every",
     "uses_cuda_graph",
     "with_device_defaults",
 ]

@@ -16,19 +16,30 @@ Returns
 Line numbers
     CSV: the line in the file, header = line 1, so the first data row is line 2 (blank lines
     count). Parquet has no lines: ``row N`` is the 1-based data row.
+Dates
+    ISO 8601 text (``YYYY-MM-DD``, optionally a time and a UTC offset) or a Parquet datetime
+    column. A stamp keeps the calendar day written in it: ``2024-01-08 00:00:00+09:00`` is
+    2024-01-08, the exchange's day. Other formats (``13/01/2024``) are refused, naming the
+    format they look like; several bars on one day (intraday data) are refused.
 Gaps
     A *NaN row* (every value cell empty, e.g. Yahoo's ``null`` holiday rows) or a run of more
-    than ``max_gap_days`` missing business days between consecutive dates. ``gaps="error"``
-    raises; ``"drop"`` deletes NaN rows; ``"ffill"`` replaces each NaN row by a flat bar at the
-    previous close with zero volume (a leading NaN row is dropped). Calendar gaps are only
-    reported by ``drop``/``ffill``: the next return then spans the gap. A row with *some* empty
-    cells is always an error (which value should it have?). Assets are then aligned on the
-    dates they all have (inner join); what each one lost is reported in ``MarketData.notes``.
+    than ``max_gap_days`` missing business days between consecutive dates (beyond the usual
+    spacing, for weekly or coarser bars). ``gaps="error"`` raises; ``"drop"`` deletes NaN rows;
+    ``"ffill"`` replaces each NaN row by a flat bar at the previous close with zero volume (a
+    leading NaN row is dropped). Calendar gaps are only reported by ``drop``/``ffill``: the
+    next return then spans the gap. A row with *some* empty cells is always an error (which
+    value should it have?). Assets are then aligned on the dates they all have (inner join).
+Issues
+    Every problem that is reported rather than refused is a :class:`DataIssue` in
+    ``MarketData.issues`` (kind, asset, dates, one-line message): each long gap, each run of
+    empty rows, what each asset lost to alignment, assets stamped at different UTC offsets,
+    possible unadjusted splits, bad ticks, extreme moves, still series. ``MarketData.warnings``
+    holds their messages; :func:`issues_in_window` those touching a test window.
 Consistency
     ``High < Low``, or an Open or Close outside ``[Low, High]``, is an error. A one-day move far
     outside the series' own spread (see :func:`extreme_moves`) is not (a crash is real), but it
-    is listed with its date in ``MarketData.warnings``: a bad tick or an unadjusted split looks
-    exactly like this and would dominate training and any test window that holds it.
+    is an issue: a bad tick or an unadjusted split looks exactly like this and would dominate
+    training and any test window that holds it.
 """
 
 from __future__ import annotations
@@ -39,6 +50,31 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
+from trimtab.rl.calendar import Stamps, clock_text, dominant_spacing, parse_dates
+from trimtab.rl.calendar import periods_per_year as _periods_per_year
+from trimtab.rl.data_checks import (
+    EXTREME_MOVE_SIGMAS,
+    alignment_issues,
+    extreme_moves,
+    move_issues,
+    still_issues,
+    timezone_issues,
+)
+from trimtab.rl.data_issues import ISSUE_KINDS, DataError, DataIssue, data_error
+
+__all__ = [
+    "EXTREME_MOVE_SIGMAS",
+    "ISSUE_KINDS",
+    "DataError",
+    "DataIssue",
+    "MarketData",
+    "describe_moves",
+    "extreme_moves",
+    "issues_in_window",
+    "load_ohlcv",
+    "still_series",
+]
 
 GapPolicy = Literal["drop", "ffill", "error"]
 VALUE_COLUMNS = ("open", "high", "low", "close", "volume")
@@ -56,7 +92,6 @@ _FIX = {
     "parquet": "Re-export the file; it may be truncated or not Parquet.",
     "csv": "Save it as comma-separated UTF-8 text with one header line.",
     "row": "Fix or delete the row.",
-    "date": "Write dates as YYYY-MM-DD.",
     "cell": "Fill in the value or delete the row (rows empty in every column "
     "are handled by gaps='drop'|'ffill').",
     "ohlc": "Fix the row: a bar's Open and Close lie within [Low, High] (a misplaced decimal "
@@ -68,11 +103,10 @@ _FIX = {
     "dir": "Put one file per asset in it, or give a file.",
     "asset": "Give each asset once.",
     "gap": "Fill the gap, pass gaps='drop', or raise max_gap_days.",
+    "intraday": "Resample to daily bars (one row per trading day).",
 }
-
-
-class DataError(ValueError):
-    """A defect in the user's market data; the message is self-contained and says how to fix it."""
+#: The issues that record how the loader handled the rows (``MarketData.notes``).
+_HANDLING = ("gap", "empty_row", "alignment")
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +114,9 @@ class MarketData:
     """Aligned daily OHLCV of ``A`` assets over ``T`` days (arrays ``[T, A]``, float64).
 
     ``adj_close`` equals ``close`` when the source had no adjusted close; returns use it.
+    ``issues``: every data problem the loader reported (:class:`DataIssue`); ``warnings``: their
+    messages, then any other warnings given; ``notes``: how rows were handled (gaps, empty
+    rows, alignment).
     """
 
     dates: np.ndarray
@@ -93,8 +130,14 @@ class MarketData:
     source: str = "synthetic"
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
+    issues: tuple[DataIssue, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        issues = tuple(self.issues)
+        messages = tuple(i.message for i in issues)
+        extra = tuple(w for w in self.warnings if w not in messages)
+        object.__setattr__(self, "issues", issues)
+        object.__setattr__(self, "warnings", messages + extra)
         t, a = len(self.dates), len(self.assets)
         object.__setattr__(self, "dates", np.asarray(self.dates, dtype="datetime64[D]"))
         for name in (*VALUE_COLUMNS, "adj_close"):
@@ -111,8 +154,15 @@ class MarketData:
     def n_assets(self) -> int:
         return len(self.assets)
 
+    @property
+    def periods_per_year(self) -> float:
+        """Bars per year from the dates' spacing (252 business days, 365 with weekends, 52
+        weekly, 12 monthly, ...); raises ``DataError`` on a mixed or irregular spacing."""
+        return _periods_per_year(self.dates, source=self.source)
+
     def slice(self, start: int | None, end: int | None) -> MarketData:
-        """Rows ``start:end`` (positions, Python slice semantics), notes kept."""
+        """Rows ``start:end`` (positions, Python slice semantics); notes, warnings and issues
+        kept whole (they may concern dates outside the slice)."""
         s = slice(start, end)
         arrays = {k: getattr(self, k)[s] for k in (*VALUE_COLUMNS, "adj_close")}
         return replace(self, dates=self.dates[s], **arrays)
@@ -133,18 +183,54 @@ class MarketData:
         return self
 
 
+def issues_in_window(data: MarketData, first: str, last: str) -> list[str]:
+    """The messages of ``data``'s issues whose dates touch ``[first, last]`` (ISO dates,
+    inclusive), e.g. to flag a test window. Issues without dates (zero volume throughout, a
+    time-zone caveat on every row) concern no window in particular and are left out."""
+    lo, hi = _iso_day(first, "first"), _iso_day(last, "last")
+    if lo > hi:
+        raise ValueError(f"issues_in_window: first={first} is after last={last}")
+    return [
+        i.message
+        for i in data.issues
+        if i.first is not None
+        and i.last is not None
+        and _iso_day(i.first, "first") <= hi
+        and _iso_day(i.last, "last") >= lo
+    ]
+
+
+def _iso_day(text: str, what: str) -> np.datetime64:
+    try:
+        return np.datetime64(str(text), "D")
+    except ValueError:
+        msg = f"issues_in_window: {what}={text!r} is not an ISO date (YYYY-MM-DD)"
+        raise ValueError(msg) from None
+
+
 @dataclass
 class _Asset:
     name: str
     file: str
-    dates: np.ndarray  # datetime64[D]
+    label: str  # the file, and the symbol in a long file: how messages name the asset
+    dates: np.ndarray  # datetime64[D], the local calendar day as written
+    clock: np.ndarray  # int64 ns since local midnight (intraday stamps are refused)
+    offsets: np.ndarray  # minutes east of UTC, NaN where the stamp had none
     values: dict[str, np.ndarray]
     lines: np.ndarray  # line (CSV) or row (Parquet) of each entry, for messages
 
+    @property
+    def adjusted(self) -> bool:
+        return "adj_close" in self.values
 
-def _fail(file: str, where: str, col: str | None, problem: str, fix: str) -> DataError:
-    loc = ", ".join(p for p in (where, f"column '{col}'" if col is not None else "") if p)
-    return DataError(f"{file}: {loc + ': ' if loc else ''}{problem}. {fix}")
+    def keep(self, mask: np.ndarray) -> None:
+        self.dates, self.clock, self.offsets = (
+            x[mask] for x in (self.dates, self.clock, self.offsets)
+        )
+        self.lines, self.values = self.lines[mask], {c: v[mask] for c, v in self.values.items()}
+
+
+_fail = data_error
 
 
 def _read(path: Path):  # -> (DataFrame, unit, first_line)
@@ -232,35 +318,14 @@ def _numbers(series, file: str, col: str, where: np.ndarray, unit: str):
     return vals, missing
 
 
-def _dates(series, file: str, col: str, where: np.ndarray, unit: str) -> np.ndarray:
-    import pandas as pd
-
-    if pd.api.types.is_datetime64_any_dtype(series.dtype):
-        parsed = pd.to_datetime(series, utc=True)
-    else:
-        text = series.astype(object).where(series.notna(), "").astype(str).str.strip()
-        parsed = pd.to_datetime(text, errors="coerce", format="ISO8601", utc=True)
-        retry = parsed.isna() & (text != "")
-        if retry.any():
-            parsed[retry] = pd.to_datetime(text[retry], errors="coerce", format="mixed", utc=True)
-    nat = parsed.isna().to_numpy()
-    if nat.any():
-        i = int(np.argmax(nat))
-        at = f"{unit} {where[i]}"
-        raise _fail(file, at, col, f"cannot read date '{series.iloc[i]}'", _FIX["date"])
-    # A timezone-aware stamp keeps its exchange-local calendar day.
-    local = parsed.dt.tz_convert(None) if series.dtype.kind != "M" else parsed.dt.tz_localize(None)
-    return local.to_numpy().astype("datetime64[D]")
-
-
-def _parse(path: Path, gaps: GapPolicy, max_gap_days: int) -> tuple[list[_Asset], list[str]]:
+def _parse(path: Path, gaps: GapPolicy, max_gap_days: int) -> tuple[list[_Asset], list[DataIssue]]:
     df, unit, first = _read(path)
     file = str(path)
     if len(df) == 0:
         raise _fail(file, "", None, "no data rows under the header", _FIX["data"])
     cols = _columns(df, file, f"line {first - 1} (header)" if unit == "line" else "schema")
     where = np.arange(first, first + len(df))
-    dates = _dates(df[cols["date"]], file, cols["date"], where, unit)
+    stamps = parse_dates(df[cols["date"]], file, cols["date"], where, unit)
     names = [c for c in (*_PRICE_COLUMNS, "volume") if c in cols]
     parsed = {c: _numbers(df[cols[c]], file, cols[c], where, unit) for c in names}
     vals = {c: v for c, (v, _) in parsed.items()}
@@ -286,14 +351,16 @@ def _parse(path: Path, gaps: GapPolicy, max_gap_days: int) -> tuple[list[_Asset]
     else:
         stem = path.name[: -len(next(e for e in _EXTENSIONS if path.name.lower().endswith(e)))]
         groups, members = [stem], [np.arange(len(df))]
-    assets, notes = [], []
+    assets, issues = [], []
     for name, idx in zip(groups, members):
         label = f"{file} [{name}]" if "symbol" in cols else file
-        a = _Asset(name, file, dates[idx], {c: v[idx] for c, v in vals.items()}, where[idx])
-        _check_order(a, label, cols["date"], unit)
-        notes += _apply_gaps(a, nan_row[idx], gaps, max_gap_days, label, cols["date"], unit)
+        st: Stamps = stamps.take(idx)
+        values = {c: v[idx] for c, v in vals.items()}
+        a = _Asset(name, file, label, st.days, st.clock, st.offsets, values, where[idx])
+        _check_order(a, cols["date"], unit)
+        issues += _apply_gaps(a, nan_row[idx], gaps, max_gap_days, cols["date"], unit)
         assets.append(a)
-    return assets, notes
+    return assets, issues
 
 
 def _check_ohlc(
@@ -320,42 +387,12 @@ def _check_ohlc(
             raise _fail(file, f"{unit} {where[i]}", cols[col], what(i), _FIX["ohlc"])
 
 
-#: A one-day log return this many robust standard deviations (1.4826 x the median absolute
-#: deviation of the asset's own log returns) from its median is an extreme move. Why 30: daily
-#: returns have tails like Student-t with 3-4 degrees of freedom, where a 30-sigma day is rarer
-#: than 1 in 10,000 days; a bad tick (x1000: log 6.9) or a 1:10 split (log 2.3) is hundreds.
-EXTREME_MOVE_SIGMAS = 30.0
-
-
-def extreme_moves(log_returns: np.ndarray) -> np.ndarray:
-    """``[T, A]`` bool: the one-day moves far outside each asset's own spread (row 0, which
-    has no return, never). Robust: the median and MAD ignore the moves they are to find."""
-    r = np.asarray(log_returns, dtype=np.float64)[1:]
-    if len(r) == 0:
-        return np.zeros(np.shape(log_returns), dtype=bool)
-    med = np.median(r, axis=0)
-    spread = 1.4826 * np.median(np.abs(r - med), axis=0)
-    # a series flat on most days has no spread to judge by (still_series() warns about it)
-    out = (np.abs(r - med) > EXTREME_MOVE_SIGMAS * spread) & (spread > 0)
-    return np.vstack([np.zeros((1, r.shape[1]), dtype=bool), out])
-
-
 def still_series(data: MarketData) -> list[str]:
     """Warnings for assets whose price does not move on most days (no spread: Sharpe ratios and
     extreme moves mean nothing there) or whose volume is zero throughout."""
-    r = data.log_returns()[1:]
-    out = []
-    for i, a in enumerate(data.assets):
-        flat = int(np.sum(r[:, i] == 0))
-        if r.shape[0] and flat * 2 > r.shape[0]:
-            out.append(
-                f"{data.source}: {a}'s price does not change on {flat} of {r.shape[0]} days; "
-                "Sharpe ratios on it are undefined or meaningless. Check the file (a stale "
-                "or forward-filled series looks like this)"
-            )
-        if not np.any(data.volume[:, i]):
-            out.append(f"{data.source}: {a}'s volume is zero on every day; check the file")
-    return out
+    labels = [data.source] * data.n_assets
+    found = still_issues(data.dates, data.assets, labels, data.log_returns(), data.volume)
+    return [i.message for i in found]
 
 
 def describe_moves(data: MarketData, mask: np.ndarray, limit: int = 5) -> list[str]:
@@ -368,32 +405,50 @@ def describe_moves(data: MarketData, mask: np.ndarray, limit: int = 5) -> list[s
     ]
 
 
-def _check_order(a: _Asset, file: str, col: str, unit: str) -> None:
+def _check_order(a: _Asset, col: str, unit: str) -> None:
+    """One bar per local day, dates increasing; several bars on a day is intraday data."""
     d = a.dates
     step = d[1:] - d[:-1]
     zero = np.timedelta64(0)
+    intraday = (step == zero) & (a.clock[1:] != a.clock[:-1])
+    if intraday.any():
+        i = int(np.argmax(intraday)) + 1
+        times = [clock_text(c) for c in a.clock[d == d[i]]]
+        shown = ", ".join(times[:3]) + (", ..." if len(times) > 3 else "")
+        raise _fail(
+            a.label,
+            f"{unit} {a.lines[i]}",
+            None,
+            f"several bars on {d[i]} ({shown}): intraday bars are not supported; the trainer "
+            "works on daily or coarser bars",
+            _FIX["intraday"],
+        )
     for bad, what in ((step == zero, "duplicate"), (step < zero, "decreasing")):
         if bad.any():
             i = int(np.argmax(bad)) + 1
             at = f"{unit} {a.lines[i]}"
             raise _fail(
-                file, at, col, f"{what} date {d[i]} (previous row: {d[i - 1]})", _FIX["order"]
+                a.label, at, col, f"{what} date {d[i]} (previous row: {d[i - 1]})", _FIX["order"]
             )
 
 
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """``(first, last)`` positions (inclusive) of each run of consecutive true entries."""
+    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1))
+
+
 def _apply_gaps(
-    a: _Asset, nan_row: np.ndarray, gaps: str, max_gap_days: int, file: str, col: str, unit: str
-) -> list[str]:
-    notes = []
+    a: _Asset, nan_row: np.ndarray, gaps: str, max_gap_days: int, col: str, unit: str
+) -> list[DataIssue]:
+    """Drop or fill the empty rows, and find the long calendar gaps: an issue for each run of
+    empty rows and each gap (``gaps='error'`` raises on the first instead)."""
+    file, issues = a.label, []
     if nan_row.any():
         i = int(np.argmax(nan_row))
         if gaps == "error":
             at = f"{unit} {a.lines[i]}"
             raise _fail(file, at, col, f"row of {a.dates[i]} has no values", _FIX["nan_row"])
-        notes.append(
-            f"{file}: {int(nan_row.sum())} empty row(s), first at {unit} {a.lines[i]}: "
-            + ("dropped" if gaps == "drop" else "filled flat from the previous close")
-        )
         n, valid = len(nan_row), np.flatnonzero(~nan_row)
         keep = ~nan_row
         if gaps == "ffill" and valid.size:
@@ -403,24 +458,35 @@ def _apply_gaps(
             fills = {c: old["adj_close" if c == "adj_close" else "close"][prev] for c in old}
             fills["volume"] = np.zeros(n)
             a.values = {c: np.where(nan_row, fills[c], v) for c, v in old.items()}
-        a.dates, a.lines = a.dates[keep], a.lines[keep]
-        a.values = {c: v[keep] for c, v in a.values.items()}
+        for s, e in _runs(nan_row):
+            d0, d1, k = str(a.dates[s]), str(a.dates[e]), e - s + 1
+            rows = f"{unit} {a.lines[s]}" if k == 1 else f"{unit}s {a.lines[s]}-{a.lines[e]}"
+            what = "filled flat from the previous close, with zero volume" if keep[s] else (
+                "dropped" if gaps == "drop" else "dropped (no earlier close to fill it from)"
+            )  # fmt: skip
+            span = d0 if k == 1 else f"{d0}..{d1}"
+            issues.append(DataIssue("empty_row", a.name, d0, d1, (
+                f"{file}: {k} empty row(s) on {span} ({rows}, every value empty): {what}"
+            )))  # fmt: skip
+        a.keep(keep)
     if len(a.dates) == 0:
         raise _fail(file, "", None, "no row has values", _FIX["data"])
-    missing = np.busday_count(a.dates[:-1], a.dates[1:]) - 1
-    long = missing > max_gap_days
-    if long.any():
-        i = int(np.argmax(long)) + 1
-        span = f"{int(missing[i - 1])} business days missing between {a.dates[i - 1]} and "
-        span += f"{a.dates[i]} (max_gap_days={max_gap_days})"
+    busy = np.busday_count(a.dates[:-1], a.dates[1:])
+    spacing = dominant_spacing(a.dates)
+    # weekly or coarser bars: a gap is what is missing beyond the usual spacing
+    usual = 1 if spacing in (None, "daily") else max(1, int(np.median(busy)))
+    missing = busy - usual
+    beyond = "" if usual == 1 else f" beyond the usual {usual - 1} between {spacing} bars"
+    for i in np.flatnonzero(missing > max_gap_days) + 1:
+        d0, d1 = str(a.dates[i - 1]), str(a.dates[i])
+        span = f"{int(missing[i - 1])} business days missing between {d0} and {d1}{beyond} "
+        span += f"(max_gap_days={max_gap_days})"
         if gaps == "error":
-            at = f"{unit} {a.lines[i]}"
-            raise _fail(file, at, col, span, _FIX["gap"])
-        notes.append(
-            f"{file}: {int(long.sum())} gap(s) over {max_gap_days} business days, "
-            f"first: {span} (kept: the next return spans it)"
-        )
-    return notes
+            raise _fail(file, f"{unit} {a.lines[i]}", col, span, _FIX["gap"])
+        issues.append(DataIssue("gap", a.name, d0, d1, (
+            f"{file}: {a.name}: {span}; kept: the next return spans the gap"
+        )))  # fmt: skip
+    return issues
 
 
 def _files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -452,16 +518,17 @@ def load_ohlcv(
 
     ``paths``: a file, a directory (every CSV/Parquet file in it) or a list of them.
     ``min_rows``: raise ``DataError`` when fewer aligned rows remain (the trainer passes what
-    its folds need). Alignment and gap handling are reported in ``MarketData.notes``.
+    its folds need). Every problem reported rather than refused is in ``MarketData.issues``
+    (and its message in ``warnings``); gap and alignment handling also in ``notes``.
     """
     if gaps not in ("drop", "ffill", "error"):
         raise ValueError(f"gaps must be 'drop', 'ffill' or 'error', got {gaps!r}")
     files = _files(paths)
     assets: list[_Asset] = []
-    notes: list[str] = []
+    issues: list[DataIssue] = []
     for path in files:
-        parsed, file_notes = _parse(path, gaps, max_gap_days)
-        notes += file_notes
+        parsed, file_issues = _parse(path, gaps, max_gap_days)
+        issues += file_issues
         for a in parsed:
             twin = next((b for b in assets if b.name == a.name), None)
             if twin is not None:
@@ -479,31 +546,19 @@ def load_ohlcv(
             f"{source}: the assets have no date in common ({spans}). "
             "Give files that cover a common period."
         )
-    for a in assets:
-        lost = len(a.dates) - common.size
-        if lost:
-            notes.append(
-                f"{a.file}: {a.name} loses {lost} of {len(a.dates)} rows to alignment "
-                "on the dates all assets share"
-            )
+    spans = [(a.name, a.label, a.dates) for a in assets]
+    issues += alignment_issues(spans, common)
+    issues += timezone_issues(spans, [a.offsets for a in assets], common)
     cols = {}
     for c in (*VALUE_COLUMNS, "adj_close"):
         cols[c] = np.stack(
             [a.values.get(c, a.values["close"])[np.isin(a.dates, common)] for a in assets], axis=1
         )
-    data = MarketData(
-        common, tuple(a.name for a in assets), source=source, notes=tuple(notes), **cols
-    )
+    notes = tuple(i.message for i in issues if i.kind in _HANDLING)
+    names = tuple(a.name for a in assets)
+    data = MarketData(common, names, source=source, notes=notes, **cols)
     data.require_rows(min_rows, "min_rows")
-    warnings = still_series(data)
-    mask = extreme_moves(data.log_returns())
-    if mask.any():
-        shown = "; ".join(describe_moves(data, mask))
-        more = f" (and {int(mask.sum()) - 5} more)" if mask.sum() > 5 else ""
-        warning = (
-            f"{source}: {int(mask.sum())} extreme one-day move(s), over {EXTREME_MOVE_SIGMAS:g} "
-            f"robust standard deviations of the asset's own returns: {shown}{more}. A bad tick "
-            "or an unadjusted split looks like this; check those rows (or use Adj Close)"
-        )
-        warnings.append(warning)
-    return replace(data, warnings=tuple(warnings))
+    labels, r = [a.label for a in assets], data.log_returns()
+    issues += still_issues(data.dates, names, labels, r, data.volume)
+    issues += move_issues(data.dates, names, labels, r, [a.adjusted for a in assets])
+    return replace(data, issues=tuple(issues))

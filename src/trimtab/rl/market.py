@@ -142,7 +142,9 @@ class MarketSpec:
     def expected_return(self, regime: np.ndarray, last: np.ndarray) -> np.ndarray:
         """``E[r_{t+1} | regime k_t, r_t]`` ``[T, A]`` if the regime stays: the model's
         ``mu_k m_a + phi_k (r_t - mu_k m_a)`` (what the oracle baseline bets on)."""
-        mu = np.array([r.drift for r in self.regimes])[regime][:, None] * np.asarray(self.drift_mult)
+        mu = np.array([r.drift for r in self.regimes])[regime][:, None] * np.asarray(
+            self.drift_mult
+        )
         phi = np.array([r.ar for r in self.regimes])[regime][:, None]
         return mu + phi * (np.asarray(last, np.float64) - mu)
 

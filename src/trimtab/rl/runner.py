@@ -361,11 +361,17 @@ def _sharpe(value: float | None) -> str:
 def _flags(row: dict[str, Any]) -> str:
     """What makes a fold's numbers untrustworthy, said next to them."""
     out = ""
-    if row.get("extreme_moves"):
+    flags = row.get("data_flags") or []
+    if flags:
+        more = f" (+{len(flags) - 3} more)" if len(flags) > 3 else ""
+        out += f"  [! data: {'; '.join(flags[:3])}{more} -- check the data]"
+    if row.get("extreme_moves"):  # a summary written before data_flags
         out += f"  [! test window earns {len(row['extreme_moves'])} extreme one-day move(s): "
         out += "; ".join(row["extreme_moves"][:3]) + " -- check the data]"
     if row.get("ruin"):
         out += f"  [! ruin on {row['ruin']}: the portfolio lost everything]"
+    if row.get("optimistic"):
+        out += "  [OPTIMISTIC: filled at the close that was just seen]"
     return out
 
 
@@ -373,10 +379,14 @@ def _print_fold(row: dict[str, Any], show: bool) -> None:
     if not show:
         return
     if "sharpe" in row:
+        from trimtab.rl.report_tables import best_baseline, label  # (this function's own)
+
+        best = best_baseline(row)
+        other = f", best baseline {label(best[0])} {_sharpe(best[1])}" if best else ""
         print(
             f"fold {row['fold']} test {row['test_start']}..{row['test_end']}: "
-            f"Sharpe {_sharpe(row['sharpe'])} (buy & hold {_sharpe(row['buy_hold_sharpe'])}), "
-            f"return {row['total_return']:+.1%} (B&H {row['buy_hold_return']:+.1%}), "
+            f"Sharpe {_sharpe(row['sharpe'])} vs buy & hold {_sharpe(row['buy_hold_sharpe'])}"
+            f"{other}; return {row['total_return']:+.1%} (B&H {row['buy_hold_return']:+.1%}), "
             f"max DD {row['max_drawdown']:.1%}, turnover {row['turnover']:.3f}" + _flags(row),
             flush=True,
         )

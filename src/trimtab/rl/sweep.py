@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.rl.sweep_spec import SweepError, Trial, same_config
-from trimtab.rl.sweep_table import merge, trial_metrics, write_outputs
+from trimtab.rl.sweep_table import merge, selection, trial_metrics, write_outputs
 
 __all__ = ["SweepResult", "TrialResult", "read_summary", "require_ray", "run_sweep", "run_trial"]
 
 #: a file in a sweep's directory that says so: only such a directory has trials removed
 MARKER = ".trimtab-sweep"
-_MARKER_TEXT = "a trimtab sweep: each folder CELL/seedN is a run directory\n"
+_MARKER_TEXT = "a trimtab sweep: each folder CELL/seedN (or seedN) is a run directory\n"
 #: keys every summary.json the runner writes has (it is written atomically, once, at the end)
 _COMPLETE = ("run_dir", "folds", "halted", "seconds")
 INSTALL_HINT = "pip install 'trimtab[sweep]' (or pip install ray)"
@@ -58,6 +58,7 @@ class SweepResult:
     results: list[TrialResult]
     cells: list[dict[str, Any]]  # the merged table, one row per cell
     seconds: float  # wall time of this invocation
+    selection: dict[str, Any] | None = None  # the best trial and its deflated Sharpe ratio
 
     @property
     def failed(self) -> list[TrialResult]:
@@ -73,9 +74,10 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and all(k in data for k in _COMPLETE) else None
 
 
-def run_trial(cfg_data: dict[str, Any], run_dir: str) -> dict[str, Any]:
+def run_trial(cfg_data: dict[str, Any], run_dir: str, root: str | None = None) -> dict[str, Any]:
     """One trial, in a Ray worker or in this process: a clean run directory, ``train(cfg)``,
-    and the outcome as plain data (a failure's error and traceback, never an exception)."""
+    and the outcome as plain data (a failure's error and traceback, never an exception).
+    ``root`` is the sweep's directory (default: the run directory's grandparent, OUT/CELL/seedN)."""
     from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import from_dict
     from trimtab.rl.train import TrainingHalted, train
@@ -83,7 +85,7 @@ def run_trial(cfg_data: dict[str, Any], run_dir: str) -> dict[str, Any]:
     path = Path(run_dir)
     t0 = time.perf_counter()
     node = platform.node()
-    root = path.parent.parent
+    root = Path(root) if root is not None else path.parent.parent
     if not root.exists():  # a node that does not share the driver's filesystem
         root.mkdir(parents=True)
         (root / MARKER).write_text(_MARKER_TEXT)
@@ -188,15 +190,15 @@ def run_sweep(
 
     if todo and engine == "serial":
         for t in todo:
-            finished(_result(t, run_trial(_data(t), str(t.run_dir))))
+            finished(_result(t, run_trial(_data(t), str(t.run_dir), str(out.resolve()))))
     elif todo and engine == "ray":
-        _run_on_ray(todo, address, cpus, gpus_per_trial, finished, echo)
+        _run_on_ray(todo, out, address, cpus, gpus_per_trial, finished, echo)
     elif todo:
         raise SweepError(f"engine {engine!r}: must be 'ray' or 'serial'")
     order = {id(t): i for i, t in enumerate(trials)}
     results.sort(key=lambda r: order[id(r.trial)])
     cells = _save(out, results, trials, plot=True)
-    return SweepResult(results, cells, time.perf_counter() - t0)
+    return SweepResult(results, cells, time.perf_counter() - t0, selection(results))
 
 
 def _data(t: Trial) -> dict[str, Any]:
@@ -217,7 +219,8 @@ def _show(r: TrialResult, k: int, n: int, echo: Callable[[str], None]) -> None:
         echo(f"{head}: {r.error}  ({t.run_dir})")
         return
     metrics = trial_metrics(r.summary or {})
-    shown = " ".join(f"{m} {v:+.3g}" for m, v in metrics.items())
+    shown = " ".join(f"{m} {v}" if isinstance(v, str) else f"{m} {v:+.3g}"
+                     for m, v in metrics.items())  # fmt: skip
     echo(f"{head} {shown} in {r.seconds or 0:.1f}s  ({t.run_dir})")
 
 
@@ -225,12 +228,13 @@ def _save(
     out: Path, results: list[TrialResult], trials: Sequence[Trial], plot: bool = False
 ) -> list[dict[str, Any]]:
     cells = merge(results, trials)
-    write_outputs(out, cells, [r.record() for r in results], plot=plot)
+    write_outputs(out, cells, [r.record() for r in results], plot=plot, sel=selection(results))
     return cells
 
 
 def _run_on_ray(
     todo: Sequence[Trial],
+    out: Path,
     address: str | None,
     cpus: int | None,
     gpus_per_trial: float,
@@ -262,7 +266,8 @@ def _run_on_ray(
             gpus = gpus_per_trial if t.cfg.run.device.startswith("cuda") else 0
             # no automatic retry: a crashed worker's trial is reported, and a rerun restarts it
             opts = {"num_cpus": t.cfg.run.threads, "num_gpus": gpus, "max_retries": 0}
-            pending[task.options(**opts).remote(_data(t), str(t.run_dir))] = t
+            ref = task.options(**opts).remote(_data(t), str(t.run_dir), str(out.resolve()))
+            pending[ref] = t
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:

@@ -94,12 +94,15 @@ class SweepSpec:
             raise SweepError(f"--seeds must be distinct integers, got {list(seeds)}")
         return SweepSpec(base, tuple(out), tuple(int(s) for s in seeds))
 
-    def trials(self, out: Path) -> list[Trial]:
-        """Every (cell, seed) trial with its validated config; a bad key or value raises
-        :class:`SweepError` naming the cell, before anything is written."""
+    def trials(self, out: Path, cell_dirs: bool = True) -> list[Trial]:
+        """Every (cell, seed) trial with its validated config, in ``out/CELL/seedN``; a bad key
+        or value raises :class:`SweepError` naming the cell, before anything is written.
+        ``cell_dirs=False`` (one cell: the seeds of one config) puts them in ``out/seedN``."""
         from trimtab.rl.config import TrainConfig, with_device_defaults
 
-        names = _cell_names(self.cells)
+        if not cell_dirs and len(self.cells) != 1:
+            raise SweepError(f"{len(self.cells)} cells need a folder each: cell_dirs=True")
+        names = _cell_names(self.cells) if cell_dirs else [""]
         trials = []
         for cell, name in zip(self.cells, names):
             for key, _ in cell:
@@ -108,7 +111,7 @@ class SweepSpec:
                 if cell_keys(cell).count(key) > 1:
                     raise SweepError(f"cell {cell_label(cell)} sets {key} twice")
             for seed in self.seeds:
-                run_dir = (out / name / f"seed{seed}").resolve()
+                run_dir = (Path(out) / name / f"seed{seed}").resolve()
                 data = _deep(self.base)
                 for key, value in cell:
                     set_key(data, key, value)

@@ -99,8 +99,9 @@ def load_market(cfg: TrainConfig) -> MarketSet:
             f"({cfg.walkforward.folds + 1} windows of at least {window} days). "
             "Give more data, fewer --folds, or a shorter env.episode_days."
         )
-    return MarketSet(data, feats.astype(np.float32), rets, fills, costs_of(cfg, periods),
-                     periods, regimes, spec)  # fmt: skip
+    return MarketSet(
+        data, feats.astype(np.float32), rets, fills, costs_of(cfg, periods), periods, regimes, spec
+    )
 
 
 def minimum_window(cfg: TrainConfig) -> int:
@@ -115,8 +116,7 @@ def make_folds(n_days: int, cfg: TrainConfig) -> list[Fold]:
     k, gap = cfg.walkforward.folds, embargo_days(cfg)
     w = cfg.walkforward.window_days or n_days // (k + 1)
     first = n_days - (k + 1) * w
-    return [Fold(i, first + i * w, first + (i + 1) * w, first + (i + 2) * w, gap)
-            for i in range(k)]  # fmt: skip
+    return [Fold(i, first + i * w, first + (i + 1) * w, first + (i + 2) * w, gap) for i in range(k)]
 
 
 def fold_arrays(market: MarketSet, fold: Fold) -> tuple[np.ndarray, FeatureNormalizer]:

@@ -41,8 +41,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BPS", "EXECUTIONS", "RUIN_EQUITY", "Costs", "Execution", "Fills", "fill_returns",
-           "ruined", "step_log_return"]  # fmt: skip
+__all__ = [
+    "BPS",
+    "EXECUTIONS",
+    "RUIN_EQUITY",
+    "Costs",
+    "Execution",
+    "Fills",
+    "fill_returns",
+    "ruined",
+    "step_log_return",
+]
 
 BPS = 1e-4
 Execution = Literal["next_open", "next_close", "same_close"]

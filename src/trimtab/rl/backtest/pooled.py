@@ -95,15 +95,22 @@ def fold_backtest(
     def sharpe(x: np.ndarray) -> float | None:
         return None if still else stats.sharpe(x, ppy, rf)
 
-    agent = {k: v for k, v in stats.window_stats(ev.log_returns, ev.weights, ppy, rf,
-                                                 draws=0).items() if k != "sharpe_ci95"}  # fmt: skip
+    agent = {
+        k: v
+        for k, v in stats.window_stats(ev.log_returns, ev.weights, ppy, rf, draws=0).items()
+        if k != "sharpe_ci95"
+    }
     agent["sharpe"] = sharpe(ev.log_returns)
     cost_bps = costs.turnover_bps
     per: dict[str, dict[str, Any]] = {}
     for name, sim in sims.items():
         x, w = _one(sim.log_returns), _one(sim.weights)
-        per[name] = {"sharpe": sharpe(x), "total_return": stats.total_return(x),
-                     "max_drawdown": stats.max_drawdown(x), "turnover": stats.turnover(w)}  # fmt: skip
+        per[name] = {
+            "sharpe": sharpe(x),
+            "total_return": stats.total_return(x),
+            "max_drawdown": stats.max_drawdown(x),
+            "turnover": stats.turnover(w),
+        }
     draws = sims["random"].log_returns  # [N, L]
     draw_sharpes = np.array([stats.sharpe(d, ppy, rf) for d in draws])
     median = int(np.argsort(draw_sharpes)[len(draw_sharpes) // 2])
@@ -116,10 +123,15 @@ def fold_backtest(
         "agent_percentile": None if still else _percentile(agent["sharpe"], draw_sharpes),
     }
     breakeven = {
-        name: stats.breakeven_bps(ev.log_returns, ev.turnover, _one(sims[name].log_returns),
-                                  _one(sims[name].turnover), cost_bps)
+        name: stats.breakeven_bps(
+            ev.log_returns,
+            ev.turnover,
+            _one(sims[name].log_returns),
+            _one(sims[name].turnover),
+            cost_bps,
+        )
         for name in ("flat", "buy_and_hold")
-    }  # fmt: skip
+    }
     bh = per["buy_and_hold"]
     row = {
         **agent,
@@ -162,8 +174,10 @@ def _read_curve(path: Path) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for j, name in enumerate(header):
         cells = [r[j] for r in body]
-        out[name] = np.array(cells, dtype=object) if name == "date" else np.array(
-            [float(c) for c in cells], dtype=np.float64
+        out[name] = (
+            np.array(cells, dtype=object)
+            if name == "date"
+            else np.array([float(c) for c in cells], dtype=np.float64)
         )
     return out
 
@@ -192,8 +206,15 @@ def pool(run_dir: str | Path, rows: list[dict[str, Any]], market: Any, cfg: Any)
     still = not np.any(market.log_returns)
 
     def summary_of(x: np.ndarray, w: np.ndarray | None) -> dict[str, Any]:
-        out = stats.window_stats(x, w if w is not None else np.zeros((len(x), 1)), ppy, rf,
-                                 draws=b.bootstrap_draws, block=b.block_days, seed=cfg.run.seed)  # fmt: skip
+        out = stats.window_stats(
+            x,
+            w if w is not None else np.zeros((len(x), 1)),
+            ppy,
+            rf,
+            draws=b.bootstrap_draws,
+            block=b.block_days,
+            seed=cfg.run.seed,
+        )
         if still:
             out["sharpe"], out["sharpe_ci95"] = None, None
         if w is None:
@@ -203,16 +224,23 @@ def pool(run_dir: str | Path, rows: list[dict[str, Any]], market: Any, cfg: Any)
 
     agent = cat["agent_log_return"]
     oos = {
-        "days": len(agent), "start": str(cat["date"][0]), "end": str(cat["date"][-1]),
+        "days": len(agent),
+        "start": str(cat["date"][0]),
+        "end": str(cat["date"][-1]),
         "folds": len(parts),
         **summary_of(agent, weights),
         "turnover": stats.turnover(weights),
-        "skew": _moment(agent, 3), "kurtosis": _moment(agent, 4),
-        "periods_per_year": ppy, "risk_free_pct": costs.cash_pct, "cost_bps": costs.turnover_bps,
-        "commission_bps": costs.commission_bps, "half_spread_bps": costs.half_spread_bps,
-        "borrow_pct": costs.borrow_pct, "execution": cfg.env.execution,
+        "skew": _moment(agent, 3),
+        "kurtosis": _moment(agent, 4),
+        "periods_per_year": ppy,
+        "risk_free_pct": costs.cash_pct,
+        "cost_bps": costs.turnover_bps,
+        "commission_bps": costs.commission_bps,
+        "half_spread_bps": costs.half_spread_bps,
+        "borrow_pct": costs.borrow_pct,
+        "execution": cfg.env.execution,
         "optimistic": cfg.env.execution in OPTIMISTIC,
-    }  # fmt: skip
+    }
     names = [n for n in BASELINES if f"{n}_log_return" in cat]
     base = {n: summary_of(cat[f"{n}_log_return"], None) for n in names}
     if draws and all(d is not None for d in draws):
@@ -231,14 +259,25 @@ def pool(run_dir: str | Path, rows: list[dict[str, Any]], market: Any, cfg: Any)
     zero = np.zeros(len(agent))
     oos["breakeven_bps"] = {
         "flat": stats.breakeven_bps(agent, cat["turnover"], zero, zero, costs.turnover_bps),
-        "buy_and_hold": stats.breakeven_bps(agent, cat["turnover"], cat["buy_and_hold_log_return"],
-                                            cat["buy_and_hold_turnover"], costs.turnover_bps),
-    }  # fmt: skip
+        "buy_and_hold": stats.breakeven_bps(
+            agent,
+            cat["turnover"],
+            cat["buy_and_hold_log_return"],
+            cat["buy_and_hold_turnover"],
+            costs.turnover_bps,
+        ),
+    }
     vs = {
-        n: stats.paired_difference(agent, cat[f"{n}_log_return"], ppy, draws=b.bootstrap_draws,
-                                   block=b.block_days, seed=cfg.run.seed)
+        n: stats.paired_difference(
+            agent,
+            cat[f"{n}_log_return"],
+            ppy,
+            draws=b.bootstrap_draws,
+            block=b.block_days,
+            seed=cfg.run.seed,
+        )
         for n in names
-    }  # fmt: skip
+    }
     return {"oos": oos, "baselines": base, "vs_baselines": vs}
 
 
