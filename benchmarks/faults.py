@@ -302,7 +302,7 @@ def tick_trials(runs: Path) -> dict[str, Any]:
         data = {**TINY, "data": {"paths": [str(p) for p in paths]}}
         runs_dict = {**TINY["run"], "out": str(folder / "run"), "on_nonfinite": "halt"}
         summary = train(from_dict(TrainConfig, {**data, "run": runs_dict}))
-        flagged = bool(summary["folds"][-1]["extreme_moves"])
+        flagged = bool(summary["folds"][-1]["data_flags"])
         good = summary["halted"] is None and bool(summary["data_warnings"])
         good = good and (flagged if where == "test window" else True)
         notes.append(f"{where}: halted={summary['halted']}, last fold flagged={flagged}")

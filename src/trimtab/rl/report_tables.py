@@ -250,7 +250,12 @@ def breakeven_line(summary: dict[str, Any]) -> str:
         return ""
     return (
         f"Breakeven cost, pooled: {_bps(be.get('flat'))} bp per unit turnover against flat, "
-        f"{_bps(be.get('buy_and_hold'))} bp against buy & hold (n/a: the same turnover)."
+        f"{_bps(be.get('buy_and_hold'))} bp against buy & hold"
+        + (
+            " (n/a: the same turnover)."
+            if None in (be.get("flat"), be.get("buy_and_hold"))
+            else "."
+        )
     )
 
 
