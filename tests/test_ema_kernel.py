@@ -63,6 +63,11 @@ def test_update_kernel_matches_reference(kernel_device, slots, log, masked) -> N
     for t in range(obs.shape[0]):
         mask = masks[t] if masked else None
         fold = "update_log" if log else "update"
+        # Each step from the reference's state: rounding carried over many steps (a log of
+        # two near-equal magnitudes, then a score of v²/R with R at that difference) can put
+        # a threshold test (a leader within LEAD_TOL of the best) on either side, and the
+        # paths part; what is tested is that one step is the reference's step.
+        ker.load_state_dict(ref.state_dict())
         a = getattr(ref, fold)(obs[t], mask, impl="torch")
         b = getattr(ker, fold)(obs[t], mask, impl="triton")
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, equal_nan=True)

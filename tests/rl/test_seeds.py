@@ -15,6 +15,7 @@ from rl_helpers import TINY
 
 from trimtab.cli import build_parser, main
 from trimtab.rl.cli_sweep import seed_trials
+from trimtab.rl.cli_train import config_data
 from trimtab.rl.sweep_spec import same_config
 
 
@@ -29,7 +30,8 @@ def test_seeds_are_one_trial_each_of_one_config(tmp_path, base, monkeypatch):
     out = tmp_path / "seeds"
     argv = ["train", "--config", str(base), "--seeds", "3", "0", "7", "--out", str(out),
             "--stability", "off", "--set", "agent.lr=1e-3"]  # fmt: skip
-    trials, where = seed_trials(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    trials, where = seed_trials(args, config_data(args))
     assert where == out and [t.seed for t in trials] == [3, 0, 7]
     assert [t.run_dir for t in trials] == [(out / f"seed{s}").resolve() for s in (3, 0, 7)]
     for t in trials:
@@ -40,7 +42,8 @@ def test_seeds_are_one_trial_each_of_one_config(tmp_path, base, monkeypatch):
         assert all(d.startswith(("run.seed:", "run.out:")) for d in diff), diff
     assert not out.exists()  # building the trials writes nothing
     monkeypatch.chdir(tmp_path)  # without --out: a new folder under runs/
-    trials, where = seed_trials(build_parser().parse_args(argv[:7]))
+    args = build_parser().parse_args(argv[:7])
+    trials, where = seed_trials(args, config_data(args))
     assert re.fullmatch(r"runs/\d{8}-\d{6}-adaptive-3seeds", str(where)), where
     assert trials[1].run_dir == (tmp_path / where / "seed0").resolve()
 

@@ -96,11 +96,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def seed_trials(args: argparse.Namespace) -> tuple[list[Trial], Path]:
-    """``trimtab train --seeds``'s flags as one trial per seed, in ``OUT/seedN``."""
+def seed_trials(args: argparse.Namespace, data: dict[str, Any]) -> tuple[list[Trial], Path]:
+    """``trimtab train --seeds``'s flags as one trial per seed, in ``OUT/seedN``; ``data`` is
+    the config file with the flags and overrides folded in (``cli_train.config_data``)."""
     import time
 
-    from trimtab.rl.cli_train import config_data
     from trimtab.rl.config import RunConfig
 
     if args.resume is not None:
@@ -112,7 +112,6 @@ def seed_trials(args: argparse.Namespace) -> tuple[list[Trial], Path]:
         raise SweepError("--seed and --seeds: give one of them")
     if args.dist_backend or _under_torchrun():
         raise SweepError("--seeds runs its seeds as Ray tasks (or --serial), not under torchrun")
-    data = config_data(args)
     out = args.out
     if out is None:
         stability = data.get("run", {}).get("stability", RunConfig.stability)
@@ -127,13 +126,13 @@ def _under_torchrun() -> bool:
     return world_size_from_env() > 1
 
 
-def cmd_train_seeds(args: argparse.Namespace) -> int:
+def cmd_train_seeds(args: argparse.Namespace, data: dict[str, Any]) -> int:
     """Each seed an ordinary run directory ``OUT/seedN`` (run as a sweep of one cell), then a
     row per seed, their mean ± s.e. and the best seed's deflated Sharpe ratio."""
     from trimtab.rl.sweep import require_ray, run_sweep
     from trimtab.rl.sweep_table import format_seeds_table
 
-    trials, out = seed_trials(args)
+    trials, out = seed_trials(args, data)
     if not args.serial:
         require_ray()
     try:

@@ -142,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.seeds is not None:  # several runs: a sweep of one cell (cli_sweep)
         from trimtab.rl.cli_sweep import cmd_train_seeds
 
-        return cmd_train_seeds(args)
+        return cmd_train_seeds(args, config_data(args))
     if args.serial or args.cpus is not None:
         raise ConfigError(
             "--serial and --cpus say how the runs of --seeds run; drop them for a single run"
