@@ -16,6 +16,7 @@ from trimtab._headroom import check_headroom
 from trimtab.rl.agent import AgentConfig
 from trimtab.rl.backtest.execution import EXECUTIONS, Execution
 from trimtab.rl.configio import ConfigError
+from trimtab.rl.features import FEATURE_NAMES
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -266,6 +267,9 @@ class EnvConfig:
     reward_scale: float = 1.0
     n_envs: int = 16  # environments stepped together (market or Gymnasium)
     episode_days: int = 64  # trading days per training episode (market only)
+    # market only: the per-asset features the agent observes, by name, from
+    # trimtab.rl.features.FEATURE_NAMES (README: Features); default all of them
+    features: tuple[str, ...] = FEATURE_NAMES
     # Gymnasium envs only: "gymnasium" steps Gymnasium's own envs on the host; "torch" steps the
     # same dynamics as one batched torch env on the run's device (no host sync per step; the
     # envs in TORCH_ENVS: gym:CartPole-v1, trimtab.rl.cartpole)
@@ -287,6 +291,13 @@ class EnvConfig:
                 bad.append(f"{key}={v!r} must be a finite number >= 0")
         if self.n_envs < 1 or self.episode_days < 2:
             bad.append("need n_envs >= 1, episode_days >= 2")
+        unknown = [n for n in self.features if n not in FEATURE_NAMES]
+        if unknown or not self.features or len(set(self.features)) != len(self.features):
+            bad.append(
+                f"features={list(self.features)} must be distinct names from "
+                f"{list(FEATURE_NAMES)}, at least one"
+                + (f" (unknown: {unknown})" if unknown else "")
+            )
         if not (self.reward_scale > 0 and math.isfinite(self.reward_scale)):
             bad.append(f"reward_scale={self.reward_scale} must be a finite number > 0")
         _check(bad, "env")

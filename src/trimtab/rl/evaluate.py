@@ -18,7 +18,7 @@ from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
 from trimtab.rl.configio import from_dict
 from trimtab.rl.data import DataError, load_ohlcv
 from trimtab.rl.env import evaluate
-from trimtab.rl.features import WARMUP, FeatureNormalizer, compute_features
+from trimtab.rl.features import WARMUP, FeatureNormalizer, compute_features, select_features
 
 __all__ = ["evaluate_checkpoint", "format_window"]
 
@@ -47,7 +47,7 @@ def evaluate_checkpoint(
         for w in data.warnings:  # the same checks as a training run's, said the same way
             print(f"warning: {w}", file=sys.stderr, flush=True)
         periods = data.periods_per_year
-        feats = compute_features(data)[WARMUP:]
+        feats = select_features(compute_features(data)[WARMUP:], cfg.env.features)
         all_rets = data.log_returns()
         fills = fill_returns(all_rets, data.open, data.close, cfg.env.execution).slice(WARMUP, None)
         rets, dates, assets = all_rets[WARMUP:], data.dates[WARMUP:], data.assets

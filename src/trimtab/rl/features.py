@@ -13,7 +13,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from trimtab.rl.data import MarketData
 
 FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z", "autocorr_20",
-                 "mkt_autocorr_20")  # fmt: skip
+                 "mkt_autocorr_20", "ac_move_1", "mkt_ac_move_1")  # fmt: skip
 RETURN_HORIZONS = (1, 5, 20)
 VOL_WINDOW = 20
 VOLUME_WINDOW = 20
@@ -24,6 +24,15 @@ WARMUP = max(*RETURN_HORIZONS, VOL_WINDOW, VOLUME_WINDOW - 1, AUTOCORR_WINDOW + 
 """Days 0..WARMUP-1 lack a full look-back; their features are NaN. Slice them off."""
 STD_FLOOR = 1e-12
 """Numerical guard only: a feature constant over the fit window is centred, not scaled."""
+
+
+def select_features(features: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """The columns ``names`` (a subset of ``FEATURE_NAMES``, in the order given) of
+    :func:`compute_features`' ``[T, A, F]``: the observation ``env.features`` configures."""
+    unknown = [n for n in names if n not in FEATURE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown features {unknown}; known: {list(FEATURE_NAMES)}")
+    return features[..., [FEATURE_NAMES.index(n) for n in names]]
 
 
 def compute_features(data: MarketData) -> np.ndarray:
@@ -38,7 +47,12 @@ def compute_features(data: MarketData) -> np.ndarray:
     - ``autocorr_20`` = the sample correlation of (r_{t-19..t}) with (r_{t-20..t-1}): the
       lag-1 autocorrelation of the last 20 returns (0 when either window is constant);
     - ``mkt_autocorr_20`` = the mean of ``autocorr_20`` over the assets (the same for each):
-      one market-wide estimate, less noisy than an asset's own when regimes are shared.
+      one market-wide estimate, less noisy than an asset's own when regimes are shared;
+    - ``ac_move_1`` = ``autocorr_20 * ret_1 / vol_20`` and ``mkt_ac_move_1`` =
+      ``mkt_autocorr_20 * ret_1 / vol_20``: today's move in units of recent volatility, signed
+      by whether moves have lately continued (> 0) or reversed (< 0). The bet on yesterday's
+      move flips sign with the autocorrelation; a product of two inputs is what a small ReLU
+      network learns last from noisy rewards, so it is given as one input (0 where vol_20 is 0).
     """
     log_p = np.log(data.adj_close)
     t_len, n = log_p.shape
@@ -59,6 +73,10 @@ def compute_features(data: MarketData) -> np.ndarray:
         ac = _lag1_autocorr(r, AUTOCORR_WINDOW)
         out[AUTOCORR_WINDOW + 1 :, :, 6] = ac
         out[AUTOCORR_WINDOW + 1 :, :, 7] = ac.mean(axis=1, keepdims=True)
+    vol = out[:, :, 3]
+    move = np.where(vol > STD_FLOOR, out[:, :, 0] / np.where(vol > STD_FLOOR, vol, 1.0), 0.0)
+    out[:, :, 8] = out[:, :, 6] * move
+    out[:, :, 9] = out[:, :, 7] * move
     out[:WARMUP] = np.nan
     return out
 

@@ -19,7 +19,7 @@ from trimtab.rl.backtest.execution import OPTIMISTIC, Costs, Fills, fill_returns
 from trimtab.rl.config import TrainConfig, embargo_days
 from trimtab.rl.data import DataError, MarketData, issues_in_window, load_ohlcv
 from trimtab.rl.env import evaluate
-from trimtab.rl.features import WARMUP, FeatureNormalizer, compute_features
+from trimtab.rl.features import WARMUP, FeatureNormalizer, compute_features, select_features
 
 __all__ = ["Fold", "MarketSet", "costs_of", "evaluate_fold", "load_market", "make_folds"]
 
@@ -85,7 +85,7 @@ def load_market(cfg: TrainConfig) -> MarketSet:
         sim = simulate(maker(n_days=cfg.data.synthetic_days, seed=cfg.data.market_seed))
         data, regimes, spec = sim.data, sim.regimes[WARMUP:], sim.spec
     periods = data.periods_per_year  # refuses mixed or irregular bar spacing
-    feats = compute_features(data)[WARMUP:]
+    feats = select_features(compute_features(data)[WARMUP:], cfg.env.features)
     rets = data.log_returns()
     fills = fill_returns(rets, data.open, data.close, cfg.env.execution).slice(WARMUP, None)
     rets = rets[WARMUP:]
