@@ -1,6 +1,6 @@
-"""An ordinary supervised PyTorch loop guarded by trimtab: the optimizer, the gradient clip,
-the sentinel and a measured clamp on one activation (an AdaptiveBounds layer), each a line or
-two, every bound measured.
+"""An ordinary supervised PyTorch loop guarded by trimtab: one ``trimtab.Guard`` does the
+checks, the measured gradient clip, the non-finite answer and the folds; one named bound clamps
+an activation inside the model (a layer from the Guard).
 
     python examples/supervised.py --steps 500
 """
@@ -14,15 +14,13 @@ from torch import nn
 
 import trimtab
 import trimtab.optim
-from trimtab.bounds import AdaptiveBounds, BoundClamp
-from trimtab.clip import AdaptiveGradClip
 
 
 class MLP(nn.Module):
-    def __init__(self, clamp: nn.Module, features: int = 32, hidden: int = 64) -> None:
+    def __init__(self, features: int = 32, hidden: int = 64) -> None:
         super().__init__()
         self.fc1 = nn.Linear(features, hidden)
-        self.clamp = clamp  # trimtab: measure, check, then clamp the pre-activation
+        self.clamp: nn.Module = nn.Identity()  # the Guard's layer goes here (below)
         self.fc2 = nn.Linear(hidden, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -34,37 +32,17 @@ def main(steps: int = 500, device: str = "cpu", seed: int = 0) -> float:
     features = 32
     true_w = torch.zeros(features, device=device)
     true_w[:4] = torch.tensor([2.0, -1.0, 0.5, 3.0])  # only four input features matter
-    sentinel = trimtab.Sentinel(device)
-    # trimtab: the activation bound (p99 |pre-activation| -> engagement raise -> adaptive EMA ->
-    # slot), checked into sentinel slot "fc1_pre" before each clamp
-    bounds = AdaptiveBounds(["fc1_pre"], device=device, sentinel=sentinel)
-    net = MLP(BoundClamp(bounds, "fc1_pre"), features).to(device)
-
-    # trimtab: optimizer (weight clamp, adaptive decay; L1 on the input layer), clip, sentinel.
-    opt = trimtab.optim.Adam(
-        [
-            {"params": [net.fc1.weight], "l1": True, "weight_decay": 0.0},  # L1 regularises it
-            {"params": [net.fc1.bias, *net.fc2.parameters()]},
-        ],
-        lr=3e-3,
-    )
-    clip = AdaptiveGradClip(net.parameters())
-    sentinel.add("loss", lambda: loss.detach(), phase="loss")
-    for name, p in net.named_parameters():
-        sentinel.add(f"grad.{name}", lambda p=p: p.grad, phase="backward")
+    net = MLP(features).to(device)
+    opt = trimtab.optim.Adam(net.parameters(), lr=3e-3)  # weight clamp, self-set decay inside
+    guard = trimtab.Guard(net, opt, bounds=["fc1_pre"])  # skip a non-finite step; clip
+    net.clamp = guard.clamp_layer("fc1_pre")  # measured bound on the pre-activation
 
     for _ in range(steps):
         x = torch.randn(256, features, device=device)
         y = x @ true_w + 0.1 * torch.randn(256, device=device)
-        loss = nn.functional.mse_loss(net(x), y)  # trimtab: the clamp layer measures and clamps
-        sentinel.check("loss")
-        opt.zero_grad()
-        loss.backward()
-        sentinel.check("backward")
-        clip()  # adaptive gradient-norm clip; non-finite gradients zeroed and counted
-        opt.step()
-        bounds.fold()  # trimtab: fold this step's measurement into the activation bound
-    sentinel.raise_if_fired()  # the only host read of the sentinel: once, at the end
+        loss = nn.functional.mse_loss(net(x), y)
+        guard.step(loss)  # backward, checks, clip, optimizer step, folds: no host sync
+    print(guard.report())  # the one host read: steps skipped, first non-finite tensor, bounds
     return loss.item()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "Guard": "trimtab.guard",
     "StateVector": "trimtab.state",
     "Slot": "trimtab.state",
     "LayoutMismatchError": "trimtab.state",
