@@ -80,9 +80,9 @@ def test_the_plain_loop_learns_and_skips_a_nan_batch_bitwise(which: str) -> None
 def test_a_1e4_change_of_target_scale_is_learned_through() -> None:
     """SGD's dynamics on a linear model's squared loss are scale-equivariant (targets x s:
     gradients and the solution x s), so a loop learns a x1e4 jump as fast as the first scale
-    unless a clip holds the step back. The measured clip follows the new norms; a clip at a norm that
-    was right for the first scale (torch's clip_grad_norm_ at 10x the first steps' norm) keeps
-    the loss far above it over the same steps."""
+    unless a clip holds the step back. The measured clip follows the new norms; a clip at a
+    norm that was right for the first scale (torch's clip_grad_norm_ at 10) keeps the loss far
+    above it over the same steps."""
 
     def run(hand_set: float | None) -> tuple[float, float, float]:
         with detached():
