@@ -183,3 +183,52 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over_on_resume(tmp_pat
     assert _cli("--resume", str(b)) == 0
     assert "no checkpoint yet: starting it over" in capsys.readouterr().err
     assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
+
+
+class _Planted:
+    """Unpickling this runs a command (writes a marker file): what a malicious .pt carries."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("how", ["eval", "resume"])
+def test_a_checkpoint_carrying_code_is_refused_unrun(tmp_path, capsys, how):
+    out = tmp_path / "run"
+    _interrupted(out)
+    marker = tmp_path / "ran"
+    path = out / "checkpoints" / "last.pt"
+    blob = torch.load(path, weights_only=True)
+    blob["state"]["extra"] = _Planted(marker)  # inside an otherwise valid checkpoint
+    torch.save(blob, path)
+    if how == "eval":
+        code = main(["eval", str(path)])
+    else:
+        code = _cli("--resume", str(out))
+    err = capsys.readouterr().err
+    assert code == 2 and not marker.exists(), err
+    assert "holds something other than tensors and plain data" in err
+    assert "posix.system" in err and err.count("\n") == 1
+
+
+def test_gym_checkpoints_hold_the_envs_as_plain_data(tmp_path):
+    from trimtab.rl.adapters import GymAdapter
+    from trimtab.rl.configio import from_dict
+    from trimtab.rl.config import TrainConfig
+
+    cfg = from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1", "n_envs": 2}})
+    a = GymAdapter(cfg, torch.device("cpu"))
+    a.open_fold(0, seed=3)
+    for _ in range(5):
+        a.step(torch.zeros(2, 1, dtype=torch.int64))
+    path = tmp_path / "envs.pt"
+    torch.save(a.state_dict(), path)
+    b = GymAdapter(cfg, torch.device("cpu"))
+    b.load_state_dict(torch.load(path, weights_only=True))  # no pickled object in it
+    for _ in range(30):  # the same draws and dynamics, through episode ends and resets
+        act = torch.ones(2, 1, dtype=torch.int64)
+        sa, sb = a.step(act), b.step(act)
+        assert torch.equal(sa.obs, sb.obs) and torch.equal(sa.reward, sb.reward)

@@ -8,7 +8,6 @@ fold's end. It never learns: the runner does that, the same way for every adapte
 
 from __future__ import annotations
 
-import pickle
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -189,8 +188,9 @@ class GymAdapter:
     stored successor), then ``gym.eval_episodes`` greedy episodes on a fresh env.
 
     The envs are stepped here, not by ``gym.vector.SyncVectorEnv``, so that their state
-    (including each env's RNG) can be pickled into a checkpoint and a resumed run continues
-    exactly where the interrupted one was.
+    (including each env's RNG) can be saved into a checkpoint as plain data
+    (:mod:`trimtab.rl.gym_state`) and a resumed run continues exactly where the interrupted
+    one was.
     """
 
     #: the envs step on the host: collection runs eagerly (trimtab.rl.collect)
@@ -273,13 +273,19 @@ class GymAdapter:
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        return {"envs": pickle.dumps(self.envs), "ep_return": self.ep_return.copy(),
+        """Plain data only (trimtab.rl.gym_state): a checkpoint never holds a pickled env."""
+        from trimtab.rl.gym_state import env_state
+
+        return {"envs": [env_state(env) for env in self.envs],
+                "ep_return": torch.from_numpy(self.ep_return.copy()),
                 "finished": list(self.finished)}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from trimtab.rl.gym_state import restore_env
+
         self.close()
-        self.envs = pickle.loads(state["envs"])
-        self.ep_return = np.asarray(state["ep_return"]).copy()
+        self.envs = [restore_env(make_gym_env(self.env_id), s) for s in state["envs"]]
+        self.ep_return = np.asarray(state["ep_return"], dtype=np.float64).copy()
         self.finished = deque(state["finished"], maxlen=100)
 
     def normalizer_state(self) -> None:

@@ -121,11 +121,20 @@ def load(
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        blob = torch.load(path, map_location=map_location, weights_only=False)
+        # weights_only: tensors and plain data only; an object whose unpickling would run code
+        # (a planted os.system, any class) is refused before any of it is built
+        blob = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many types for a corrupt file; all mean "unreadable"
+        if "Weights only load failed" not in str(e):
+            raise CheckpointError(
+                f"checkpoint {path} could not be read ({type(e).__name__}: {e}); "
+                "it may be truncated or not a trimtab checkpoint"
+            ) from None
+        what = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln), "an object")
         raise CheckpointError(
-            f"checkpoint {path} could not be read ({type(e).__name__}: {e}); "
-            "it may be truncated or not a trimtab checkpoint"
+            f"checkpoint {path} holds something other than tensors and plain data ({what}); "
+            "trimtab never writes that, and loading it could run code: refused, nothing in it "
+            "was run. Use checkpoints that trimtab wrote."
         ) from None
     if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
         found = blob.get("format") if isinstance(blob, dict) else None
