@@ -81,3 +81,25 @@ def test_normaliser_edge_cases() -> None:
         FeatureNormalizer().fit(np.full((5, 1, 1), np.nan))
     with pytest.raises(RuntimeError, match="before fit"):
         FeatureNormalizer().transform(x)
+
+
+def test_signed_moves_and_the_features_a_run_observes(data) -> None:
+    from trimtab.rl.config import TrainConfig
+    from trimtab.rl.configio import ConfigError, from_dict
+    from trimtab.rl.features import DEFAULT_FEATURES, select_features
+
+    f = compute_features(data)
+    t, a = 200, 1
+    move = f[t, a, 0] / f[t, a, 3]  # today's return in units of its 20-day volatility
+    assert f[t, a, 8] == pytest.approx(f[t, a, 6] * move)
+    assert f[t, a, 9] == pytest.approx(f[t, :, 6].mean() * move)
+    assert DEFAULT_FEATURES == FEATURE_NAMES[:8]
+    picked = select_features(f, ("vol_20", "ret_1"))
+    assert np.array_equal(picked, f[..., [3, 0]], equal_nan=True)
+    cfg = from_dict(TrainConfig, {"env": {"features": ["ret_1", "mkt_ac_move_1"]}})
+    assert cfg.env.features == ("ret_1", "mkt_ac_move_1")
+    for bad in (["ret_2"], [], ["ret_1", "ret_1"]):
+        with pytest.raises(ConfigError, match=r"features=.* must be distinct names from"):
+            from_dict(TrainConfig, {"env": {"features": bad}})
+    with pytest.raises(ConfigError, match=r"env\.features .* does nothing in a Gymnasium run"):
+        from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1", "features": ["ret_1"]}})

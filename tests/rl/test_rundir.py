@@ -216,8 +216,8 @@ def test_a_checkpoint_carrying_code_is_refused_unrun(tmp_path, capsys, how):
 
 def test_gym_checkpoints_hold_the_envs_as_plain_data(tmp_path):
     from trimtab.rl.adapters import GymAdapter
-    from trimtab.rl.configio import from_dict
     from trimtab.rl.config import TrainConfig
+    from trimtab.rl.configio import from_dict
 
     cfg = from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1", "n_envs": 2}})
     a = GymAdapter(cfg, torch.device("cpu"))

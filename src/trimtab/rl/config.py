@@ -16,7 +16,7 @@ from trimtab._headroom import check_headroom
 from trimtab.rl.agent import AgentConfig
 from trimtab.rl.backtest.execution import EXECUTIONS, Execution
 from trimtab.rl.configio import ConfigError
-from trimtab.rl.features import FEATURE_NAMES
+from trimtab.rl.features import DEFAULT_FEATURES, FEATURE_NAMES
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -268,8 +268,8 @@ class EnvConfig:
     n_envs: int = 16  # environments stepped together (market or Gymnasium)
     episode_days: int = 64  # trading days per training episode (market only)
     # market only: the per-asset features the agent observes, by name, from
-    # trimtab.rl.features.FEATURE_NAMES (README: Features); default all of them
-    features: tuple[str, ...] = FEATURE_NAMES
+    # trimtab.rl.features.FEATURE_NAMES (README: Features); default the first 8
+    features: tuple[str, ...] = DEFAULT_FEATURES
     # Gymnasium envs only: "gymnasium" steps Gymnasium's own envs on the host; "torch" steps the
     # same dynamics as one batched torch env on the run's device (no host sync per step; the
     # envs in TORCH_ENVS: gym:CartPole-v1, trimtab.rl.cartpole)

@@ -29,8 +29,10 @@ class _NotData(Exception):
 
 # Attributes rebuilt with the env, never saved: the chain link, the spaces (their own
 # generators draw nothing the trainer uses) and the spec.
-_SKIP = frozenset({"env", "_env", "action_space", "observation_space", "_action_space",
-                   "_observation_space", "spec", "_cached_spec", "metadata", "render_mode"})  # fmt: skip
+_SKIP = frozenset({
+    "env", "_env", "action_space", "observation_space", "_action_space", "_observation_space",
+    "spec", "_cached_spec", "metadata", "render_mode",
+})  # fmt: skip
 
 
 def _to_data(v: Any) -> Any:
