@@ -42,7 +42,8 @@ def _learner(cfg: TrainConfig):
         (lambda: from_dict(TrainConfig, {"run": {"autocast": True}}), ConfigError,
          "run.autocast: must be one of"),
         (lambda: RunConfig(autocast="fp8"), ValueError,  # type: ignore[arg-type]
-         "invalid [run] config: autocast='fp8' must be one of ['none', 'bf16', 'fp16']"),
+         "invalid [run] config: run.autocast: must be one of ['none', 'bf16', 'fp16'], got "
+         "'fp8'"),
         (lambda: DQNAgent(3, [2], autocast=torch.float64), ValueError,
          "autocast=torch.float64 must be None (float32), torch.bfloat16 or torch.float16"),
     ],

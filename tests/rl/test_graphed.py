@@ -20,10 +20,13 @@ from trimtab.rl.train import train
 
 BAD_RUN = [
     ({"cuda_graph": "on"}, r"cuda_graph='on' .* needs device='cuda'; on the CPU set"),
-    ({"cuda_graph": "sometimes"}, r"cuda_graph='sometimes' must be 'auto', 'on' or 'off'"),
+    (
+        {"cuda_graph": "sometimes"},
+        r"run.cuda_graph: must be one of \['auto', 'on', 'off'\], got 'sometimes'",
+    ),
     ({"check_every": 0}, r"check_every=0 must be an integer >= 1"),
-    ({"check_every": True}, r"check_every=True must be an integer >= 1"),
-    ({"check_every": 2.5}, r"check_every=2.5 must be an integer >= 1"),
+    ({"check_every": True}, r"run.check_every: expected an integer, got True"),
+    ({"check_every": 2.5}, r"run.check_every: expected an integer, got 2.5"),
 ]
 
 

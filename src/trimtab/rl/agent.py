@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from trimtab.lifecycle import active_lifecycle
+from trimtab.rl.configio import check_fields
 from trimtab.rl.losses import atoms, c51_loss, c51_projection, quantile_huber_loss
 from trimtab.rl.networks import BranchingQNetwork
 from trimtab.rl.replay import ReplayBuffer
@@ -58,6 +59,7 @@ class AgentConfig:
     seed: int = 0  # network initialisation and the agent's generator (exploration, τ samples)
 
     def __post_init__(self) -> None:
+        check_fields(self, "agent")  # types, finite numbers
         bad = []
         if not 0.0 <= self.gamma <= 1.0:
             bad.append(f"gamma={self.gamma} not in [0, 1]")

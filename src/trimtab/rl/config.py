@@ -15,7 +15,7 @@ import torch
 from trimtab._headroom import check_headroom
 from trimtab.rl.agent import AgentConfig
 from trimtab.rl.backtest.execution import EXECUTIONS, Execution
-from trimtab.rl.configio import ConfigError
+from trimtab.rl.configio import ConfigError, check_fields
 from trimtab.rl.features import DEFAULT_FEATURES, FEATURE_NAMES
 
 __all__ = [
@@ -151,6 +151,7 @@ class RunConfig:
     measure_every: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
+        check_fields(self, "run")  # types, Literal values, finite numbers
         bad = []
         if not 0.5 <= self.bound_quantile < 1.0:
             bad.append(
@@ -231,6 +232,7 @@ class DataConfig:
     stress: bool = False  # the stress preset: a crash segment late in the data
 
     def __post_init__(self) -> None:
+        check_fields(self, "data")  # types, Literal values, finite numbers
         bad = []
         if self.gaps not in ("drop", "ffill", "error"):
             bad.append(f"gaps={self.gaps!r} must be 'drop', 'ffill' or 'error'")
@@ -276,6 +278,7 @@ class EnvConfig:
     impl: EnvImpl = "gymnasium"
 
     def __post_init__(self) -> None:
+        check_fields(self, "env")  # types, Literal values, finite numbers
         bad = []
         if not (self.name == "market" or self.name.startswith("gym:")):
             bad.append(f"name={self.name!r} must be 'market' or 'gym:ENV_ID'")
@@ -319,6 +322,7 @@ class WalkForwardConfig:
     embargo: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
+        check_fields(self, "walkforward")  # types, Literal values, finite numbers
         bad = []
         if self.embargo != "auto" and (type(self.embargo) is not int or self.embargo < 0):
             bad.append(f"embargo={self.embargo!r} must be 'auto' or an integer >= 0 (days)")
@@ -347,6 +351,7 @@ class BacktestConfig:
     ma_slow: int = 100
 
     def __post_init__(self) -> None:
+        check_fields(self, "backtest")  # types, Literal values, finite numbers
         bad = []
         for key in ("random_draws", "bootstrap_draws", "momentum_days", "ma_fast", "ma_slow"):
             v = getattr(self, key)
@@ -370,6 +375,7 @@ class GymConfig:
     eval_episodes: int = 100  # greedy episodes at the end
 
     def __post_init__(self) -> None:
+        check_fields(self, "gym")  # types, Literal values, finite numbers
         bad = []
         if min(self.total_steps, self.train_every, self.eval_episodes) < 1:
             bad.append("total_steps, train_every and eval_episodes must be >= 1")

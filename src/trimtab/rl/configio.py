@@ -8,6 +8,7 @@ the dotted path of the offending key, and write the resolved config back as TOML
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -20,7 +21,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["ConfigError", "apply_overrides", "from_dict", "load_toml", "to_dict", "to_toml"]
+__all__ = ["ConfigError", "apply_overrides", "check_fields", "from_dict", "load_toml", "to_dict",
+           "to_toml"]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -85,12 +87,27 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return value
     raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")
+
+
+def check_fields(obj: Any, section: str) -> None:
+    """Every field of the config dataclass ``obj`` against its annotation (a ``Literal``'s
+    values, integers, finite numbers, strings, booleans, tuples of those): what the TOML path
+    checks, for a config built in Python. Raises :class:`ConfigError` naming ``section.key``."""
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if not dataclasses.is_dataclass(hints[f.name]):
+            try:
+                _convert(getattr(obj, f.name), hints[f.name], f"{section}.{f.name}")
+            except ConfigError as e:
+                raise ConfigError(f"invalid [{section}] config: {e}") from None
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
