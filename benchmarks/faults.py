@@ -2,11 +2,12 @@
 ``faults.json``. Nothing may be lost (a resumed run equals an uninterrupted one) and nothing may
 be silent (every bad value is named by the sentinel, every bad file by a one-line error).
 
-    python benchmarks/faults.py [--quick] [--kills N] [--sigints N] [--runs DIR] [--out FILE]
+    python benchmarks/faults.py [--quick] [--kills N] [--sigints N] [--sigterms N]
+                                [--runs DIR] [--out FILE]
 
-Scenarios: ``kill -9`` and SIGINT at random moments of a run, then ``--resume`` until it is
-done, compared with an uninterrupted run (metrics.csv, fold results, weights); NaN, Inf and 1e30
-written into each sentinel slot's buffer (each data source, each watched buffer) under ``halt``;
+Scenarios: ``kill -9``, SIGINT and SIGTERM at random moments of a run, then ``--resume`` until
+it is done, compared with an uninterrupted run (metrics.csv, fold results, weights); NaN, Inf and
+1e30 written into each sentinel slot's buffer (each source, each watched buffer) under ``halt``;
 NaN, Inf and 1e30 in a data file; a full disk at a checkpoint; a corrupted checkpoint; two
 concurrent writers of one run directory; bad ticks in training windows and in a test window.
 ``--quick`` runs one trial of each kind on a few slots (the test suite runs it).
@@ -107,8 +108,9 @@ def finish(run: Path, toml: Path, notes: list[str]) -> None:
 
 def interrupt_trials(kind: str, n: int, runs: Path, toml: Path, ref: dict, wall: float,
                      rng: random.Random) -> dict[str, Any]:  # fmt: skip
-    """``n`` runs stopped by ``kind`` (SIGKILL or SIGINT) at a random moment, then resumed."""
-    sig = signal.SIGKILL if kind == "kill -9" else signal.SIGINT
+    """``n`` runs stopped by ``kind`` (SIGKILL, SIGINT or SIGTERM) at a random moment, then
+    resumed. SIGINT (exit 130) and SIGTERM (exit 143) must print the run directory to resume."""
+    sig = {"kill -9": signal.SIGKILL, "SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}[kind]
     ok, notes = 0, []
     for i in range(n):
         run = runs / f"{kind.split()[0]}{i}"
@@ -118,8 +120,11 @@ def interrupt_trials(kind: str, n: int, runs: Path, toml: Path, ref: dict, wall:
         time.sleep(rng.uniform(0.3, 1.0) * wall)
         proc.send_signal(sig)
         _, err = proc.communicate()
-        if sig == signal.SIGINT and proc.returncode == 130 and str(run) not in err:
-            notes.append(f"Ctrl-C message without the run dir: {err.strip()[-200:]}")
+        code = {signal.SIGINT: 130, signal.SIGTERM: 143}.get(sig)
+        if code is not None and proc.returncode == code and str(run) not in err:
+            notes.append(f"{kind} message without the run dir: {err.strip()[-200:]}")
+        if code is not None and proc.returncode not in (code, 0):
+            notes.append(f"{kind}: exit {proc.returncode} ({err.strip()[-200:]})")
         finish(run, toml, notes)
         ok += (run / "summary.json").is_file() and same(fingerprint(run), ref)
     return {"scenario": f"{kind} at a random moment, then --resume", "trials": n, "passed": ok,
@@ -318,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--quick", action="store_true", help="one trial of each kind, a few slots")
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--sigints", type=int, default=3)
+    p.add_argument("--sigterms", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", type=Path, help="where the runs go (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -333,12 +339,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    capture_output=True)  # fmt: skip
     wall = time.perf_counter() - t0
     ref = fingerprint(runs / "ref")
-    kills, sigints = (1, 1) if args.quick else (args.kills, args.sigints)
+    kills, sigints, sigterms = (
+        (1, 1, 1) if args.quick else (args.kills, args.sigints, args.sigterms)
+    )
     slots = ["env.reward", "replay.reward", "loss", "grad.trunk.0.weight"] if args.quick else None
     values = ["nan"] if args.quick else list(VALUES)
     results = [
         interrupt_trials("kill -9", kills, runs, toml, ref, wall, rng),
         interrupt_trials("SIGINT", sigints, runs, toml, ref, wall, rng),
+        interrupt_trials("SIGTERM", sigterms, runs, toml, ref, wall, rng),
         slot_trials(runs, slots, values),
         data_trials(runs),
         disk_full_trial(runs, ref),

@@ -6,7 +6,9 @@ a traceback, and exit 2; a sentinel halt exits 3."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``docker stop``, ``kill``), raised where Ctrl-C's KeyboardInterrupt
+    would be, so a run stops the same way: its message, the checkpoints kept, the resume
+    command."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -58,6 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from trimtab.rl.cli_train import user_errors
 
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        terminated.append(signum)
+        raise Terminated("terminated (SIGTERM)")
+
+    previous = None
+    with contextlib.suppress(ValueError):  # the main thread only (a test may call main() elsewhere)
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return int(args.func(args))
     except user_errors() as e:
@@ -67,8 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trimtab: halted: {e}", file=sys.stderr)
         return 3
     except KeyboardInterrupt as e:  # a run's own says where it was and what a resume redoes
-        print(f"trimtab: {e or 'interrupted'}", file=sys.stderr)
-        return 130
+        why = "terminated (SIGTERM): " if terminated and not isinstance(e, Terminated) else ""
+        print(f"trimtab: {why}{e or 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130  # 128 + the signal, as a shell reports it
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _halted() -> type[BaseException]:
