@@ -74,13 +74,13 @@ TIMED = ("single", "single_graph", "ddp", "ddp_rc")
 
 
 def base_config(quick: bool) -> Any:
-    from trimtab.rl.config import TrainConfig, with_device_defaults
+    from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import from_dict
 
     data: dict[str, Any] = {"run": {"device": "cuda", "progress": False}}
     if quick:
         data["agent"] = {"hidden": 16, "n_tau": 2, "n_tau_target": 2}
-    return from_dict(TrainConfig, with_device_defaults(data))
+    return from_dict(TrainConfig, data)
 
 
 def build_variant(

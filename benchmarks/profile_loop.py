@@ -72,14 +72,14 @@ def _top(prof: cProfile.Profile, n: int) -> dict[str, list[dict[str, Any]]]:
 
 
 def _config(args: argparse.Namespace, out: Path) -> Any:
-    from trimtab.rl.config import TrainConfig, with_device_defaults
+    from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import apply_overrides, from_dict, load_toml
 
     data = load_toml(args.config) if args.config else {}
     sets = [f'run.device="{args.device}"', "run.progress=false", f'run.out="{out}"',
             *(["walkforward.folds=1", "walkforward.steps_per_fold=1500"] if not args.config
               else []), *args.sets]  # fmt: skip
-    return from_dict(TrainConfig, with_device_defaults(apply_overrides(data, sets)))
+    return from_dict(TrainConfig, apply_overrides(data, sets))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

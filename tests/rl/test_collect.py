@@ -181,21 +181,31 @@ def test_a_run_captures_its_collection_once_per_fold_and_keeps_its_plan(env, tmp
 
 # --- defaults on a GPU --------------------------------------------------------------------------
 def test_a_cuda_device_scales_the_unset_env_count_and_batch_size():
-    from trimtab.rl.config import CUDA_DEFAULTS, with_device_defaults
+    from trimtab.rl.config import DEVICE_PROFILES, EnvConfig, RunConfig
 
-    n_envs, batch = CUDA_DEFAULTS["env.n_envs"], CUDA_DEFAULTS["agent.batch_size"]
-    cuda = from_dict(TrainConfig, with_device_defaults({"run": {"device": "cuda"}}))
+    n_envs, batch = (
+        DEVICE_PROFILES["cuda"]["env.n_envs"],
+        DEVICE_PROFILES["cuda"]["agent.batch_size"],
+    )
+    cpu = TrainConfig()
+    assert (cpu.env.n_envs, cpu.agent.batch_size) == tuple(DEVICE_PROFILES["cpu"].values())
+    assert (n_envs, batch) != (cpu.env.n_envs, cpu.agent.batch_size)
+    # the profile resolves inside the config: Python and the CLI's tables give the same run
+    cuda = from_dict(TrainConfig, {"run": {"device": "cuda"}})
     assert (cuda.env.n_envs, cuda.agent.batch_size) == (n_envs, batch)
-    assert (n_envs, batch) != (TrainConfig().env.n_envs, TrainConfig().agent.batch_size)
-    assert with_device_defaults({"run": {"device": "cpu"}}) == {"run": {"device": "cpu"}}
-    given = with_device_defaults({"run": {"device": "cuda:1"}, "env": {"n_envs": 5},
-                                  "agent": {"batch_size": 32}})  # fmt: skip
-    assert given["env"]["n_envs"] == 5 and given["agent"]["batch_size"] == 32
-    # Gymnasium's own envs step on the host: more copies gain nothing, the count is kept
-    host = with_device_defaults({"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1"}})
-    assert "n_envs" not in host["env"] and host["agent"]["batch_size"] == batch
+    assert TrainConfig(run=RunConfig(device="cuda:1")) == from_dict(
+        TrainConfig, {"run": {"device": "cuda:1"}}
+    )
+    # a value set explicitly is kept, even where it equals the CPU profile's
+    given = from_dict(TrainConfig, {"run": {"device": "cuda:1"}, "env": {"n_envs": 16},
+                                    "agent": {"batch_size": 32}})  # fmt: skip
+    assert (given.env.n_envs, given.agent.batch_size) == (16, 32)
+    assert TrainConfig(run=RunConfig(device="cuda"), env=EnvConfig(n_envs=16)).env.n_envs == 16
+    # Gymnasium's own envs step on the host: more copies gain nothing, the count is the CPU's
+    host = from_dict(TrainConfig, {"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1"}})
+    assert host.env.n_envs == cpu.env.n_envs and host.agent.batch_size == batch
     torch_env = {"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1", "impl": "torch"}}
-    assert with_device_defaults(torch_env)["env"]["n_envs"] == n_envs
+    assert from_dict(TrainConfig, torch_env).env.n_envs == n_envs
 
 
 @pytest.mark.parametrize("mode", ["adaptive", "off"])

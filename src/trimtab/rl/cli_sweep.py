@@ -14,8 +14,11 @@ __all__ = ["add_command", "build_trials", "cmd_sweep", "cmd_train_seeds", "seed_
 
 
 def add_command(sub: Any) -> None:
+    from trimtab.rl.cli_train import DefaultsFormatter
+
     p = sub.add_parser(
         "sweep",
+        formatter_class=DefaultsFormatter,
         help="run config overrides × seeds as Ray tasks, then one merged table",
         description="Each trial is an ordinary run directory OUT/CELL/seedN. Rerun the same "
         "command with the same --out to continue: finished trials are skipped.",
@@ -34,7 +37,7 @@ def add_command(sub: Any) -> None:
     p.add_argument("--address", help="a Ray cluster to run on (default: a local Ray instance)")
     p.add_argument("--cpus", type=int, help="CPUs of the local Ray instance (default: all)")
     p.add_argument("--gpus-per-trial", type=float, default=0.25,
-                   help="the share of a GPU a CUDA trial asks Ray for (default 0.25)")  # fmt: skip
+                   help="the share of a GPU a CUDA trial asks Ray for")  # fmt: skip
     p.add_argument("--serial", action="store_true",
                    help="no Ray: run the trials one after another in this process")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")

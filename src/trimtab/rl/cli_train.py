@@ -9,7 +9,26 @@ from typing import Any
 
 from trimtab.rl.configio import ConfigError, apply_overrides, from_dict, load_toml
 
-__all__ = ["add_commands", "user_errors"]
+__all__ = ["DefaultsFormatter", "add_commands", "user_errors"]
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, where it has one of its own (a flag whose value
+    otherwise comes from the config says the config key and its default in its help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _default(key: str) -> str:
+    """``(config KEY, default VALUE)`` for a flag that sets config key ``KEY``."""
+    from trimtab.rl.config import TrainConfig
+
+    section, name = key.split(".")
+    value = getattr(getattr(TrainConfig(), section), name)
+    return f" (config {key}; default {value})"
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -28,9 +47,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "train",
+        formatter_class=DefaultsFormatter,
         help="walk-forward distributional DQN on the embedded market, OHLCV files or a Gym env",
         description="Train fold after fold; each fold is tested out of sample on the next window "
         "(a Gymnasium env is one fold, evaluated greedily at its end).",
+        epilog="Every config key, its type, default and meaning: trimtab config [--device cuda].",
     )
     p.add_argument(
         "--config",
@@ -45,8 +66,8 @@ def add_commands(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override one config value, e.g. --set agent.lr=3e-4 (repeatable)",
     )
-    p.add_argument("--device", help="cpu | cuda | cuda:N")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu | cuda | cuda:N" + _default("run.device"))
+    p.add_argument("--seed", type=int, help="the agent's and the envs' seed" + _default("run.seed"))
     p.add_argument(
         "--seeds",
         nargs="+",
@@ -64,14 +85,26 @@ def add_commands(sub: Any) -> None:
         "--cpus", type=int, help="with --seeds: CPUs of the local Ray instance (default: all)"
     )
     p.add_argument("--data", nargs="+", metavar="PATH", help="OHLCV CSV/Parquet files or folders")
-    p.add_argument("--env", help="market (default) or gym:ENV_ID, e.g. gym:CartPole-v1")
-    p.add_argument("--folds", type=int)
-    p.add_argument("--steps-per-fold", type=int)
-    p.add_argument("--stability", choices=["adaptive", "fixed", "off"])
-    p.add_argument("--on-nonfinite", choices=["halt", "skip", "sanitize"])
     p.add_argument(
-        "--autocast", choices=["none", "bf16", "fp16"], help="forward passes in this precision"
+        "--env", help="market or gym:ENV_ID, e.g. gym:CartPole-v1" + _default("env.name")
     )
+    p.add_argument("--folds", type=int, help="walk-forward folds" + _default("walkforward.folds"))
+    p.add_argument(
+        "--steps-per-fold", type=int,
+        help="gradient steps per fold" + _default("walkforward.steps_per_fold"),
+    )  # fmt: skip
+    p.add_argument(
+        "--stability", choices=["adaptive", "fixed", "off"],
+        help="the stability mode" + _default("run.stability"),
+    )  # fmt: skip
+    p.add_argument(
+        "--on-nonfinite", choices=["halt", "skip", "sanitize"],
+        help="what a NaN/Inf the sentinel finds does" + _default("run.on_nonfinite"),
+    )  # fmt: skip
+    p.add_argument(
+        "--autocast", choices=["none", "bf16", "fp16"],
+        help="forward passes in this precision" + _default("run.autocast"),
+    )  # fmt: skip
     p.add_argument(
         "--stress", action="store_true", help="the stress preset of the synthetic market"
     )
@@ -93,11 +126,31 @@ def add_commands(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_train)  # fmt: skip
 
-    r = sub.add_parser("report", help="rebuild report.html and the plots of a run directory")
+    r = sub.add_parser(
+        "report",
+        formatter_class=DefaultsFormatter,
+        help="rebuild report.html and the plots of a run directory",
+    )
     r.add_argument("run_dir", type=Path)
     r.set_defaults(func=cmd_report)
 
-    e = sub.add_parser("eval", help="evaluate a saved agent greedily on other market data")
+    c = sub.add_parser(
+        "config",
+        formatter_class=DefaultsFormatter,
+        help="print every config key with its type, default and meaning",
+        description="Every key of the config file (and of --set), read from the config "
+        "dataclasses: its type, its default (the value it takes on --device where the device "
+        "profile decides) and what it does.",
+    )
+    c.add_argument("--device", default="cpu", help="resolve the device profile for this device")
+    c.add_argument("--format", choices=["text", "markdown", "json"], default="text")
+    c.set_defaults(func=cmd_config)
+
+    e = sub.add_parser(
+        "eval",
+        formatter_class=DefaultsFormatter,
+        help="evaluate a saved agent greedily on other market data",
+    )
     e.add_argument("checkpoint", type=Path)
     e.add_argument(
         "--data",
@@ -105,15 +158,15 @@ def add_commands(sub: Any) -> None:
         metavar="PATH",
         help="OHLCV files (default: its own market, out of and in sample apart)",
     )
-    e.add_argument("--device", default="cpu")
+    e.add_argument("--device", default="cpu", help="where the agent runs: cpu | cuda | cuda:N")
     e.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
     e.set_defaults(func=cmd_eval)  # fmt: skip
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from trimtab.rl.config import TrainConfig, with_device_defaults
+    from trimtab.rl.config import TrainConfig
 
-    return from_dict(TrainConfig, with_device_defaults(config_data(args)))  # more envs on CUDA
+    return from_dict(TrainConfig, config_data(args))  # the device profile resolves inside
 
 
 def config_data(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,6 +248,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print(format_fold_table(summary))
     print(f"run directory: {summary['run_dir']}  (report: {summary['run_dir']}/report.html)")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from trimtab.rl.config_reference import format_reference, reference
+
+    print(format_reference(reference(args.device), args.format, args.device), end="")
     return 0
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -23,6 +24,7 @@ __all__ = [
     "CPU_MEASURE_EVERY",
     "CUDA_DEFAULTS",
     "DEFAULT_CHECK_EVERY",
+    "DEVICE_PROFILES",
     "BacktestConfig",
     "DataConfig",
     "EnvConfig",
@@ -30,10 +32,10 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "WalkForwardConfig",
+    "device_profile",
     "embargo_days",
     "measure_every",
     "uses_cuda_graph",
-    "with_device_defaults",
 ]
 
 Stability = Literal["adaptive", "fixed", "off"]
@@ -59,30 +61,30 @@ DEFAULT_CHECK_EVERY = 50
 ABLATIONS = ("support", "target_clamp", "trunk_clamp", "grad_clip", "weight_clamp", "decay")
 
 
-#: Defaults that a CUDA device changes (README "Defaults on a GPU"): more envs stepped at once
-#: (where the envs live on the device: the market, env.impl = "torch") and larger batches. A
-#: batched env step and a learn step cost about the same wall time on a GPU at these sizes
-#: (both are launch-bound), so they buy data per second; what they do to the returns per
-#: learn step is measured in benchmarks/results/default_run_h200.json.
-CUDA_DEFAULTS: dict[str, int] = {"env.n_envs": 64, "agent.batch_size": 256}
+#: The device profiles: the values that ``"auto"`` takes for the keys whose best value depends
+#: on the device (README "Defaults on a GPU"), resolved inside :class:`TrainConfig`, so a config
+#: built in Python and one built by the CLI are the same run. On CUDA more envs are stepped at
+#: once (where the envs live on the device: the market, env.impl = "torch"; host Gymnasium envs
+#: gain nothing from more copies) and batches are larger: a batched env step and a learn step
+#: cost about the same wall time on a GPU at these sizes (both are launch-bound), so they buy
+#: data per second; what they do to the returns per learn step is measured in
+#: benchmarks/results/default_run_h200.json. A value set explicitly is never changed.
+DEVICE_PROFILES: dict[str, dict[str, int]] = {
+    "cpu": {"env.n_envs": 16, "agent.batch_size": 64},
+    "cuda": {"env.n_envs": 64, "agent.batch_size": 256},
+}
+#: the CUDA profile (kept under its old name for scripts that read it)
+CUDA_DEFAULTS = DEVICE_PROFILES["cuda"]
 
 
-def with_device_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` (a config as nested tables, before validation) with :data:`CUDA_DEFAULTS` for
-    the keys it leaves unset, when ``run.device`` is a CUDA device; ``env.n_envs`` only where
-    the envs live on the device (host Gymnasium envs gain nothing from more copies)."""
-    run, env = data.get("run", {}), data.get("env", {})
-    if not str(run.get("device", RunConfig.device)).startswith("cuda"):
-        return data
-    on_device = env.get("impl", "gymnasium") == "torch" or not str(
-        env.get("name", "market")
-    ).startswith("gym:")
-    out = {section: dict(table) for section, table in data.items()}
-    for key, value in CUDA_DEFAULTS.items():
-        section, name = key.split(".")
-        if key == "env.n_envs" and not on_device:
-            continue
-        out.setdefault(section, {}).setdefault(name, value)
+def device_profile(device: str, env_name: str = "market", impl: str = "gymnasium") -> dict:
+    """The values of :data:`DEVICE_PROFILES` for a run on ``device`` ("cpu", "cuda", "cuda:N")
+    of env ``env_name``: ``env.n_envs`` takes the CUDA value only where the envs live on the
+    device (the market, or ``impl = "torch"``)."""
+    cuda = str(device).startswith("cuda")
+    out = dict(DEVICE_PROFILES["cuda" if cuda else "cpu"])
+    if cuda and env_name.startswith("gym:") and impl != "torch":
+        out["env.n_envs"] = DEVICE_PROFILES["cpu"]["env.n_envs"]
     return out
 
 
@@ -97,6 +99,9 @@ class RunConfig:
     seed: int = 0  # seeds the agent and the environments (the market has data.market_seed)
     out: str = ""  # run directory ("" = runs/<time>-<stability>-s<seed>); must be new or empty
     stability: Stability = "adaptive"  # adaptive | fixed | off  (README: Stability modes)
+    # what a non-finite value (NaN, ±Inf) that the sentinel finds does: "halt" the run with its
+    # report naming the first bad tensor and step (exit 3), "skip" the update (weights and
+    # optimizer state untouched, bit for bit), or "sanitize" (NaN/±Inf elements become 0)
     on_nonfinite: Literal["halt", "skip", "sanitize"] = "halt"
     checkpoint_every: int = 2000  # gradient steps between checkpoints (and at every fold end)
     log_every: int = 50  # gradient steps between metrics.csv rows
@@ -258,16 +263,18 @@ class EnvConfig:
     # broker's commission and half the bid-ask spread (with slippage), in basis points. 5 bp
     # all in is what liquid large-cap equities and ETFs cost a small fund
     commission_bps: float = 2.0
-    half_spread_bps: float = 3.0
+    half_spread_bps: float = 3.0  # half the bid-ask spread, with slippage (bp per turnover)
     # market only, annual percent: the fee on short notional (general collateral) and the rate
     # cash earns (also every Sharpe ratio's risk-free rate)
     borrow_pct: float = 0.5
-    cash_pct: float = 2.0
+    cash_pct: float = 2.0  # the annual % rate cash earns, and every Sharpe's risk-free rate
     # every env: training rewards (what the replay stores) are the env's rewards times this;
     # metrics, episode returns and evaluation always use the unscaled rewards (a stress knob:
     # market rewards x100 as in a P&L unit)
     reward_scale: float = 1.0
-    n_envs: int = 16  # environments stepped together (market or Gymnasium)
+    # environments stepped together (market or Gymnasium); "auto" = the device profile's
+    # (DEVICE_PROFILES: 16 on the CPU, 64 on CUDA where the envs live on the device)
+    n_envs: int | Literal["auto"] = "auto"
     episode_days: int = 64  # trading days per training episode (market only)
     # market only: the per-asset features the agent observes, by name, from
     # trimtab.rl.features.FEATURE_NAMES (README: Features); default the first 8
@@ -292,7 +299,7 @@ class EnvConfig:
             v = getattr(self, key)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 bad.append(f"{key}={v!r} must be a finite number >= 0")
-        if self.n_envs < 1 or self.episode_days < 2:
+        if (self.n_envs != "auto" and self.n_envs < 1) or self.episode_days < 2:
             bad.append("need n_envs >= 1, episode_days >= 2")
         unknown = [n for n in self.features if n not in FEATURE_NAMES]
         if unknown or not self.features or len(set(self.features)) != len(self.features):
@@ -344,11 +351,11 @@ class BacktestConfig:
     # stationary-bootstrap resamples behind every 95% interval, and their mean block length
     # in bars (0 = the Politis-White automatic choice)
     bootstrap_draws: int = 2000
-    block_days: int = 0
+    block_days: int = 0  # the bootstrap's mean block length in bars (0 = automatic)
     # the baselines' look-backs in bars: momentum's k-day return, the MA crossover's windows
     momentum_days: int = 20
-    ma_fast: int = 20
-    ma_slow: int = 100
+    ma_fast: int = 20  # the MA crossover's fast window (bars)
+    ma_slow: int = 100  # the MA crossover's slow window (bars)
 
     def __post_init__(self) -> None:
         check_fields(self, "backtest")  # types, Literal values, finite numbers
@@ -384,26 +391,6 @@ class GymConfig:
         _check(bad, "gym")
 
 
-def _default_agent() -> AgentConfig:
-    # Daily rewards are ~1e-2: a shorter horizon than Atari's 0.99 and a smaller net suffice,
-    # and the ε schedule (in env steps summed over the 16 envs: 4000 batched steps) is sized to
-    # the default 4 x 2500 steps. 8 IQN quantiles (the paper
-    # uses 64) keep the auxiliary loss from dominating the step time on a 2-core CPU.
-    return AgentConfig(
-        gamma=0.95,
-        n_step=3,
-        lr=3e-4,
-        batch_size=64,
-        n_tau=8,
-        n_tau_target=8,
-        target_update_period=500,
-        eps_decay_steps=64_000,
-        hidden=128,
-        depth=2,
-        replay_capacity=50_000,
-    )
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
@@ -412,9 +399,17 @@ class TrainConfig:
     walkforward: WalkForwardConfig = field(default_factory=WalkForwardConfig)
     backtest: BacktestConfig = field(default_factory=BacktestConfig)
     gym: GymConfig = field(default_factory=GymConfig)
-    agent: AgentConfig = field(default_factory=_default_agent)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
+        # the device profile: each "auto" becomes its value on run.device (DEVICE_PROFILES)
+        profile = device_profile(self.run.device, self.env.name, self.env.impl)
+        if self.env.n_envs == "auto":
+            env = dataclasses.replace(self.env, n_envs=profile["env.n_envs"])
+            object.__setattr__(self, "env", env)
+        if self.agent.batch_size == "auto":
+            agent = dataclasses.replace(self.agent, batch_size=profile["agent.batch_size"])
+            object.__setattr__(self, "agent", agent)
         refused = inapplicable_keys(self)
         if refused:
             kind = "Gymnasium" if self.env.name.startswith("gym:") else "market"

@@ -98,7 +98,7 @@ class SweepSpec:
         """Every (cell, seed) trial with its validated config, in ``out/CELL/seedN``; a bad key
         or value raises :class:`SweepError` naming the cell, before anything is written.
         ``cell_dirs=False`` (one cell: the seeds of one config) puts them in ``out/seedN``."""
-        from trimtab.rl.config import TrainConfig, with_device_defaults
+        from trimtab.rl.config import TrainConfig
 
         if not cell_dirs and len(self.cells) != 1:
             raise SweepError(f"{len(self.cells)} cells need a folder each: cell_dirs=True")
@@ -117,7 +117,7 @@ class SweepSpec:
                     set_key(data, key, value)
                 data.setdefault("run", {}).update(seed=seed, out=str(run_dir), progress=False)
                 try:
-                    cfg = from_dict(TrainConfig, with_device_defaults(data))
+                    cfg = from_dict(TrainConfig, data)
                 except ConfigError as e:
                     where = f"cell {cell_label(cell)}: " if cell else ""
                     raise SweepError(f"{where}{e}") from None
