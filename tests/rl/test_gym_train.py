@@ -167,6 +167,11 @@ def test_resume_of_a_gym_run_through_the_command_line(tmp_path, capsys):
     assert main(["train", "--resume", str(out), "--no-progress"]) == 0
     printed = json.loads(capsys.readouterr().out.split("run directory:")[0])
     assert printed == json.loads((out / "summary.json").read_text())["eval"]
+    # eval is for market agents: a Gymnasium run (its directory or a checkpoint) says so
+    for given in (out, out / "checkpoints" / "fold_0.pt"):
+        assert main(["eval", str(given)]) == 2
+        err = capsys.readouterr().err
+        assert "a Gymnasium run's checkpoint" in err and "summary.json" in err, err
 
 
 def test_a_gym_run_halts_like_a_market_run(tmp_path):

@@ -152,6 +152,15 @@ def test_report_and_eval_commands(tmp_path, capsys):
     )
     result = json.loads((tmp_path / "e.json").read_text())
     assert {"sharpe", "buy_hold_sharpe", "days"} <= set(result) and result["days"] > 100
+    # a run directory is read through its checkpoints/last.pt: the finished run's last fold
+    assert main(["eval", str(out), "--json", str(tmp_path / "d.json")]) == 0
+    assert json.loads((tmp_path / "d.json").read_text())["sharpe"] == result["sharpe"]
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist: give a run directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["eval", str(tmp_path / "empty")]) == 2
+    assert "no checkpoints/last.pt" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode", ["fixed", "off"])
@@ -177,3 +186,14 @@ def test_a_plot_of_all_nan_columns_is_written_without_warnings(tmp_path):
         warnings.simplefilter("error")
         path = report.plot_prefix(metrics, prefix, tmp_path)
     assert path is not None and path.is_file()
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    cfg = tiny(tmp_path / "run")
+    train(replace(cfg, run=replace(cfg.run, progress=True)))
+    err = capsys.readouterr().err
+    assert "\r" not in err  # no redrawn bar in a log file
+    lines = [ln for ln in err.splitlines() if ln.startswith("fold ")]
+    # a line per tenth of each fold's 30 steps (3, 6, ..., 30), two folds
+    assert len(lines) == 20, err
+    assert lines[0].startswith("fold 0: 3/30 steps (10%") and lines[-1].startswith("fold 1: 30/30")

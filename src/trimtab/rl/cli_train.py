@@ -151,7 +151,10 @@ def add_commands(sub: Any) -> None:
         formatter_class=DefaultsFormatter,
         help="evaluate a saved agent greedily on other market data",
     )
-    e.add_argument("checkpoint", type=Path)
+    e.add_argument(
+        "checkpoint", type=Path, metavar="RUN_DIR|CHECKPOINT",
+        help="a run directory (its checkpoints/last.pt) or a checkpoint file",
+    )  # fmt: skip
     e.add_argument(
         "--data",
         nargs="+",

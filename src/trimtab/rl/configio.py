@@ -55,7 +55,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 return _convert(value, a, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[-1] if errors else f"{where}: got {value!r}")
+        said = [e.split(": ", 1)[-1] for e in errors]  # each alternative, said once
+        raise ConfigError(f"{where}: {'; or '.join(said)}" if said else f"{where}: got {value!r}")
     if origin in (tuple, list, Sequence):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")

@@ -20,7 +20,29 @@ from trimtab.rl.data import DataError, load_ohlcv
 from trimtab.rl.env import evaluate
 from trimtab.rl.features import WARMUP, FeatureNormalizer, compute_features, select_features
 
-__all__ = ["evaluate_checkpoint", "format_window"]
+__all__ = ["checkpoint_path", "evaluate_checkpoint", "format_window"]
+
+
+def checkpoint_path(path: str | Path) -> Path:
+    """The checkpoint that ``trimtab eval PATH`` reads: ``PATH`` itself, or for a run
+    directory its ``checkpoints/last.pt`` (where that was written mid-fold,
+    :func:`evaluate_checkpoint` takes the last ``fold_K.pt`` instead)."""
+    path = Path(path)
+    if path.is_dir():
+        last = path / "checkpoints" / "last.pt"
+        if not last.is_file():
+            what = "a run directory" if (path / "config.toml").is_file() else "a directory"
+            raise ckpt.CheckpointError(
+                f"{path} is {what} with no checkpoints/last.pt: it has not finished a fold "
+                "yet (resume it with trimtab train --resume), or give a checkpoint file"
+            )
+        return last
+    if not path.exists():
+        raise ckpt.CheckpointError(
+            f"{path} does not exist: give a run directory (its checkpoints/last.pt is read) or "
+            "a checkpoint file RUN_DIR/checkpoints/NAME.pt"
+        )
+    return path
 
 
 def evaluate_checkpoint(
@@ -33,7 +55,19 @@ def evaluate_checkpoint(
     Features are normalised with the statistics of the last fold the agent trained on (saved
     in the checkpoint), as they were when it was evaluated during training.
     """
+    given, path = Path(path), checkpoint_path(path)
     state = ckpt.load(path, fingerprint=None)
+    folds = sorted(given.glob("checkpoints/fold_*.pt"), key=lambda p: int(p.stem[5:] or 0))
+    if given.is_dir() and state.get("normalizer") is None and folds:
+        path = folds[-1]  # last.pt is mid-fold: the last finished fold's agent
+        state = ckpt.load(path, fingerprint=None)
+    env_name = state.get("config", {}).get("env", {}).get("name", "market")
+    if str(env_name).startswith("gym:"):
+        raise ckpt.CheckpointError(
+            f"{path} is a Gymnasium run's checkpoint (env.name = {env_name!r}); trimtab eval "
+            "tests a market agent on market data. A Gymnasium run is evaluated greedily at its "
+            'end: its greedy returns are in RUN_DIR/summary.json under "eval"'
+        )
     if state.get("normalizer") is None:
         raise ckpt.CheckpointError(
             f"{path} was written mid-fold and holds no feature normaliser; evaluate a fold-end "

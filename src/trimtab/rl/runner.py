@@ -23,8 +23,10 @@ from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.adapters import FoldPlan, make_adapter
 from trimtab.rl.collect import Collector
 from trimtab.rl.config import TrainConfig
+from trimtab.rl.configio import ConfigError
 from trimtab.rl.ddp import NullLog, Ranks, fold_state_for
 from trimtab.rl.learner import Learner, build_learner
+from trimtab.rl.memory import check_memory, is_out_of_memory, out_of_memory
 from trimtab.rl.report import build_report, run_identity
 from trimtab.rl.rundir import (
     MetricsLog,
@@ -91,12 +93,21 @@ def train(
     adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
     for warning in adapter.summary([]).get("data_warnings", []):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    try:  # a config that cannot fit: one line with the estimate, before any run dir
+        parts = check_memory(cfg, adapter, device)
+    except ConfigError:
+        adapter.close()
+        raise
     # locked until this run ends (several processes: by rank 0)
     run_dir, lock = prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
     try:
         return _run(
             cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks, entered
         )
+    except (MemoryError, RuntimeError) as e:  # out of memory: one line naming the keys to lower
+        if not is_out_of_memory(e):
+            raise
+        raise out_of_memory(e, parts, device, run_dir) from None
     except KeyboardInterrupt as e:  # before the loop (setting up): say where, and what next
         if isinstance(e, RunInterrupted):
             raise
@@ -331,9 +342,48 @@ def _log_row(
     return row
 
 
+class LineProgress:
+    """Progress as plain lines, for a stderr that is not a terminal (a log file, a scheduler's
+    capture): one line per tenth of the fold and at its end, where a tqdm bar would rewrite
+    itself hundreds of times a second into the file."""
+
+    def __init__(self, total: int, initial: int, desc: str, stream: Any = None) -> None:
+        self.total, self.n, self.desc = max(int(total), 1), int(initial), desc
+        self.stream = stream if stream is not None else sys.stderr
+        self.postfix: dict[str, str] = {}
+        self._next, self._printed, self._n0 = self._after(self.n), self.n, self.n
+        self._t0 = time.perf_counter()
+
+    def _after(self, n: int) -> int:
+        tenth = max(self.total // 10, 1)
+        return (n // tenth + 1) * tenth
+
+    def set_postfix(self, values: dict[str, str]) -> None:
+        self.postfix = dict(values)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n >= self._next:
+            self._next = self._after(self.n)
+            self._line()
+
+    def _line(self) -> None:
+        self._printed = self.n
+        rate = (self.n - self._n0) / max(time.perf_counter() - self._t0, 1e-9)
+        extra = "".join(f"  {k}={v}" for k, v in self.postfix.items())
+        print(f"{self.desc}: {self.n}/{self.total} steps ({100 * self.n // self.total}%, "
+              f"{rate:.0f} steps/s){extra}", file=self.stream, flush=True)  # fmt: skip
+
+    def close(self) -> None:  # the fold's last count, unless that line was just printed
+        if self.n != self._printed:
+            self._line()
+
+
 def _bar(cfg: TrainConfig, plan: FoldPlan, initial: int) -> Any:
     if not cfg.run.progress:
         return None
+    if not sys.stderr.isatty():  # a file: a line per tenth, not a redrawn bar
+        return LineProgress(plan.expected_updates, initial, f"fold {plan.index}")
     from tqdm.auto import tqdm
 
     return tqdm(
