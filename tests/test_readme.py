@@ -1,11 +1,13 @@
-"""The README's Python example runs as written."""
+"""The README: its Python examples run as written, it stays short, its links resolve, and it
+carries no work history (commit hashes, issue numbers)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).parents[1] / "README.md"
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
 
 
 def test_readme_python_examples_run():
@@ -21,3 +23,19 @@ def test_readme_python_examples_run():
     bounds = namespace["bounds"]
     assert bounds.values.isfinite().all()  # the layer measured the activation, fold set the slot
     assert float(namespace["policy"].found_inf) == 0.0
+
+
+def test_readme_is_short_and_has_no_history():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", text), "a commit hash in the README"
+    assert not re.search(r"(?i)\bissue\s*#?\d+|#\d{1,4}\b", text), "an issue number in the README"
+    assert "python -m pytest -q" in text and "mkdocs serve" in text
+
+
+def test_readme_links_resolve():
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert links
+    missing = [ln for ln in links if "://" not in ln and not (ROOT / ln).exists()]
+    assert not missing, missing
