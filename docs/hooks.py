@@ -4,6 +4,7 @@ results, config and API reference pages are never stale copies in the repository
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -27,3 +28,20 @@ def on_files(files: Files, config) -> Files:
     for rel, content in pages.items():
         files.append(File.generated(config, rel, content=content))
     return files
+
+
+#: Sphinx roles in docstrings (``:class:`~trimtab.Sentinel```) as mkdocstrings renders them:
+#: the role's name before a code span; the reader gets the code span alone, with ``~`` honoured.
+_ROLE = re.compile(r":(?:class|meth|func|attr|mod|data|exc|obj|const):<code>(~?)([^<]*)</code>")
+
+
+def _role(m: re.Match) -> str:
+    name = m.group(2)
+    if m.group(1):
+        name = name.rsplit(".", 1)[-1]
+    return f"<code>{name}</code>"
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    html = _ROLE.sub(_role, html)
+    return html.replace("::</p>", ":</p>")  # reST's literal-block marker

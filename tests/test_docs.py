@@ -319,16 +319,21 @@ def test_every_results_file_is_on_a_page_with_its_command_and_provenance():
 def test_trading_page_states_the_verdict_from_the_json():
     gp = _gen_pages()
     data = gp.load_json(ROOT / "benchmarks" / "results" / "agent_vs_baselines.json")
-    _, rec, var = gp.headline(data)
-    agg = var["aggregate"]
+    runs = gp.default_runs(data)
     text = gp.result_pages()["results/trading.md"]
-    a = agg["agent"]["mean"]
-    bh = agg["buy_and_hold"]["mean"]
-    assert gp.signed(a) in text and gp.signed(bh) in text
-    beats = agg["targets"]["above"]["buy_and_hold"]
-    assert ("does not beat buy & hold" in text) == (not beats)
-    assert f"{100 * agg['targets']['oracle_fraction']:.0f}%" in text
-    assert str(rec["date"]) in text  # provenance of the record the verdict comes from
+    verdict = text.split("## Verdict")[1].split("\n## ")[0]
+    for key, rec, var in runs:
+        agg = var["aggregate"]
+        para = next(p for p in verdict.split("\n\n") if f"`{key}`" in p)
+        assert (
+            gp.signed(agg["agent"]["mean"]) in para
+            and gp.signed(agg["buy_and_hold"]["mean"]) in para
+        )
+        beats = agg["targets"]["above"]["buy_and_hold"]
+        assert ("does not beat buy & hold" in para) == (not beats), para
+        assert f"{100 * agg['targets']['oracle_fraction']:.0f}%" in para
+        assert str(rec["date"]) in text  # the provenance of the record it comes from
+    assert any(set(r.get("seeds", [])) == {0, 1, 2, 3, 4} for _, r, _ in runs)
 
 
 def test_reproduce_commands_come_from_the_scripts():
