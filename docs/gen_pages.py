@@ -275,10 +275,35 @@ def generic_record(rec: dict) -> str:
     return "\n".join(out)
 
 
+def stress_record(rec: dict) -> str:
+    """A stress file: per stability mode and market, how many runs kept every fold finite and
+    how many the sentinel halted (what did not fail), then the rows."""
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for r in rec.get("rows", []):
+        cells.setdefault((str(r.get("stability")), str(r.get("market"))), []).append(r)
+    body = []
+    for (mode, market), rows in cells.items():
+        total = sum(int(r.get("folds_total") or 0) for r in rows)
+        finite = sum(int(r.get("folds_finite") or 0) for r in rows)
+        halted = sum(1 for r in rows if r.get("halted"))
+        fires = sorted({str(r["first_fire"]) for r in rows if r.get("first_fire")})
+        body.append(
+            [f"`{mode}`", market, str(len(rows)), f"{finite} of {total}", str(halted),
+             ", ".join(fires[:3]) or "none"]
+        )  # fmt: skip
+    out = table(["stability", "market", "runs", "folds finite", "runs halted", "first fire"], body)
+    return out + "\n" + generic_record(rec)
+
+
+RENDERERS: dict[str, Callable[[dict], str]] = {"stress": stress_record}
+
+
 def file_section(path: Path, level: int = 2, render: Callable[[dict], str] | None = None) -> str:
     """One results file: its script and command, then each record with its provenance."""
     data = load_json(path)
     script = script_for(path.stem)
+    if render is None:
+        render = next((f for k, f in RENDERERS.items() if path.stem.split("_")[0] == k), None)
     h = "#" * level
     out = [f"{h} `{path.name}`\n"]
     if script is not None:
@@ -722,7 +747,7 @@ def config_reference_page() -> str:
             body.append(
                 [
                     f"`{r['key']}`",
-                    f"`{r.get('type', '')}`",
+                    _type(r),
                     default,
                     _cell(r.get("meaning") or ""),
                     _allowed(r.get("allowed")),
@@ -742,6 +767,21 @@ def _toml(v: Any) -> str:
     if v is None:
         return "none"
     return str(v)
+
+
+def _type(r: dict) -> str:
+    """The type, or "one of" where the allowed values already list a choice of literals."""
+    t, allowed = str(r.get("type", "")), r.get("allowed")
+    if (
+        isinstance(allowed, (list, tuple))
+        and allowed
+        and all(_toml(a) in t for a in allowed)
+        and "|" in t
+        and "int" not in t
+        and "float" not in t
+    ):
+        return "one of"
+    return f"`{t}`".replace("|", "\\|")
 
 
 def _allowed(v: Any) -> str:
