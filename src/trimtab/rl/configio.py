@@ -1,8 +1,9 @@
 """Frozen dataclass configs from TOML and ``key=value`` overrides, validated field by field.
 
-One config object becomes the command line and is saved with every run (STYLE.md): the loaders
-here turn nested dicts into nested frozen dataclasses, reject unknown keys and wrong types with
-the dotted path of the offending key, and write the resolved config back as TOML.
+One config object becomes the command line and is saved with every run
+(docs/contributing/style.md): the loaders here turn nested dicts into nested frozen dataclasses,
+reject unknown keys and wrong types with the dotted path of the offending key, and write the
+resolved config back as TOML.
 """
 
 from __future__ import annotations
