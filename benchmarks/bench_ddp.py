@@ -85,7 +85,7 @@ def run_one(layout: str, steps: int, runs: Path, repeat: int, quick: bool, devic
     )
     row["samples_per_s"] = row["samples"] / max(row["train_s"], 1e-9)
     if full or len(s["folds"]) > 1 or device != "cpu":
-        from trimtab.rl.report import format_fold_table
+        from trimtab.rl.report.build import format_fold_table
 
         row["folds"] = s["folds"]
         row["fold_table"] = format_fold_table(s)

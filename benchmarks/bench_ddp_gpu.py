@@ -24,7 +24,7 @@ rank):
   ``RankConsistent`` (one all-reduce of bounds, threshold scales and sentinel records per step);
 - ``ddp_torch_default`` (not timed): plain ``DistributedDataParallel`` with torch's defaults,
   whose runtime statistics wait on CUDA events every 100th iteration (``AgentDDP`` turns them
-  off after the first 10: ``trimtab.rl.ddp.NO_RUNTIME_STATS``).
+  off after the first 10: ``trimtab.rl.run.ddp.NO_RUNTIME_STATS``).
 
 Per variant also, on every rank: **host waits**, ``--probes`` pairs of learn steps, each pair
 issued behind a ``torch.cuda._sleep`` of about 60 ms on an idle device (an eager step's
@@ -88,7 +88,7 @@ def build_variant(
 ) -> dict[str, Any]:
     """One variant's learner on this rank, wrapped, with a filled replay, warmed up."""
     import bench_trainer
-    from trimtab.rl.ddp import AgentDDP, rank_seed
+    from trimtab.rl.run.ddp import AgentDDP, rank_seed
 
     world = 1 if ranks is None else ranks.world_size
     rank = 0 if ranks is None else ranks.rank
@@ -225,7 +225,7 @@ def sync_check(m: dict[str, Any]) -> str:
 
 def worker(args: argparse.Namespace) -> None:
     """One rank (under torchrun): time the variants, write ``rank{r}.json`` into ``--part``."""
-    from trimtab.rl.ddp import Ranks
+    from trimtab.rl.run.ddp import Ranks
 
     part = Path(args.part)
     ranks = Ranks.init("cuda", args.backend)

@@ -3,7 +3,7 @@
 Usage: ``python benchmarks/bench_ema_alarm.py [--quick] [--out PATH] [--device DEVICE]``
 
 A watched buffer (observations, logits, loss, the trunk-output gradient) fires when its max|x|
-exceeds its slot, the largest this fold of :func:`trimtab.rl.checks.watch_threshold` (a
+exceeds its slot, the largest this fold of :func:`trimtab.rl.agent.checks.watch_threshold` (a
 log-scale :class:`~trimtab.AdaptiveEMA` of max|x|, times ``exp(EXCURSION_Z · sd)``). Here each
 stream is the max|x| of a healthy buffer, one per step, drawn exactly (inverse CDF of the max of
 ``n`` i.i.d. values): ``n`` values of a distribution (half-normal, lognormal σ = 1, Pareto tails
@@ -25,7 +25,7 @@ import torch
 
 from trimtab import AdaptiveEMA
 from trimtab.benchmarking import provenance
-from trimtab.rl.checks import EXCURSION_Z, FALSE_ALARM_PROB, watch_threshold
+from trimtab.rl.agent.checks import EXCURSION_Z, FALSE_ALARM_PROB, watch_threshold
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "ema_alarm.json"
 DISTS = ("halfnormal", "lognormal", "pareto3", "pareto1.5")

@@ -43,10 +43,10 @@ VARIANTS = ("full", "no_checks", "no_watch", "no_sentinel")
 
 def _learner(mode: str, seed: int) -> tuple[Any, Any, torch.Generator]:
     from trimtab.lifecycle import Lifecycle
+    from trimtab.rl.agent.learner import build_learner
+    from trimtab.rl.agent.replay import ReplayBuffer
     from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import apply_overrides, from_dict, load_toml
-    from trimtab.rl.learner import build_learner
-    from trimtab.rl.replay import ReplayBuffer
 
     data = apply_overrides(load_toml(EXAMPLE), [f'run.stability="{mode}"', 'run.device="cpu"'])
     cfg = from_dict(TrainConfig, data)
@@ -64,7 +64,7 @@ def _learner(mode: str, seed: int) -> tuple[Any, Any, torch.Generator]:
 
 
 def _patches(variant: str) -> list[tuple[Any, str, Any]]:
-    from trimtab.rl.checks import Checks
+    from trimtab.rl.agent.checks import Checks
     from trimtab.sentinel import Sentinel
 
     def nothing(*args: Any, **kwargs: Any) -> None:

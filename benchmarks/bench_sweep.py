@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trimtab.benchmarking import provenance
-from trimtab.rl.sweep import run_sweep
-from trimtab.rl.sweep_spec import SweepSpec, base_data
+from trimtab.rl.sweep.spec import SweepSpec, base_data
+from trimtab.rl.sweep.trials import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "sweep_h200.json"

@@ -33,11 +33,11 @@ import torch
 
 from trimtab.benchmarking import provenance, save_record
 from trimtab.lifecycle import Lifecycle
-from trimtab.rl.agent import DQNAgent
+from trimtab.rl.agent.dqn import DQNAgent
+from trimtab.rl.agent.learner import build_learner
 from trimtab.rl.config import TrainConfig, measure_every
-from trimtab.rl.env import BatchedTradingEnv
-from trimtab.rl.learner import build_learner
-from trimtab.rl.walkforward import fold_arrays, load_market, make_folds
+from trimtab.rl.envs.trading import BatchedTradingEnv
+from trimtab.rl.run.walkforward import fold_arrays, load_market, make_folds
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "trainer.json"
 

@@ -37,10 +37,10 @@ import pandas as pd
 import torch
 
 from trimtab.benchmarking import provenance, save_record
-from trimtab.rl import checkpoint as ckpt
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import from_dict, to_toml
-from trimtab.rl.data import DataError
+from trimtab.rl.data.load import DataError
+from trimtab.rl.run import checkpoint as ckpt
 from trimtab.rl.train import RunDirError, TrainingHalted, TrainingInterrupted, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,8 +177,8 @@ def slot_trials(runs: Path, slots: list[str] | None, values: list[str]) -> dict[
 
 def _all_slots() -> list[str]:
     from trimtab.lifecycle import Lifecycle
-    from trimtab.rl.adapters import make_adapter
-    from trimtab.rl.learner import build_learner
+    from trimtab.rl.agent.learner import build_learner
+    from trimtab.rl.envs.registry import make_adapter
 
     cfg = config(Path("unused"))
     adapter = make_adapter(cfg, torch.device("cpu"))

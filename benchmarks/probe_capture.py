@@ -18,14 +18,14 @@ import torch
 
 from trimtab.benchmarking import provenance
 from trimtab.lifecycle import Lifecycle
+from trimtab.rl.agent.learner import build_learner
 from trimtab.rl.config import TrainConfig
-from trimtab.rl.learner import build_learner
 
 
 def probe(mode: str, steps: int = 5) -> dict:
     cfg = TrainConfig()
     # cuda_graph off: this probe captures the eager step itself (the trainer's own capture is
-    # trimtab.rl.graphed, tested in tests/rl/test_learner_gpu.py)
+    # trimtab.rl.agent.graphed, tested in tests/rl/test_learner_gpu.py)
     cfg = replace(cfg, run=replace(cfg.run, stability=mode, device="cuda", cuda_graph="off"))
     dev = torch.device("cuda")
     with Lifecycle():

@@ -29,15 +29,15 @@ import torch
 from trimtab.benchmarking import provenance, save_record
 
 PARTS = {
-    "collect": ("trimtab.rl.collect", "Collector", "step"),
-    "sample": ("trimtab.rl.replay", "ReplayBuffer", "sample"),
-    "learn": ("trimtab.rl.learner", "Learner", "learn"),
-    "poll": ("trimtab.rl.learner", "Learner", "poll"),
-    "halt_read": ("trimtab.rl.learner", "Learner", "halt_message"),
-    "log_row": ("trimtab.rl.runner", None, "_log_row"),
-    "checkpoint": ("trimtab.rl.runner", None, "save_checkpoint"),
-    "evaluate": ("trimtab.rl.adapters", "MarketAdapter", "evaluate"),
-    "evaluate_gym": ("trimtab.rl.adapters", "TorchCartPoleAdapter", "evaluate"),
+    "collect": ("trimtab.rl.run.collect", "Collector", "step"),
+    "sample": ("trimtab.rl.agent.replay", "ReplayBuffer", "sample"),
+    "learn": ("trimtab.rl.agent.learner", "Learner", "learn"),
+    "poll": ("trimtab.rl.agent.learner", "Learner", "poll"),
+    "halt_read": ("trimtab.rl.agent.learner", "Learner", "halt_message"),
+    "log_row": ("trimtab.rl.run.runner", None, "_log_row"),
+    "checkpoint": ("trimtab.rl.run.runner", None, "save_checkpoint"),
+    "evaluate": ("trimtab.rl.envs.adapters", "MarketAdapter", "evaluate"),
+    "evaluate_gym": ("trimtab.rl.envs.adapters", "TorchCartPoleAdapter", "evaluate"),
 }
 
 
@@ -85,7 +85,7 @@ def _config(args: argparse.Namespace, out: Path) -> Any:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import importlib
 
-    from trimtab.rl.runner import train
+    from trimtab.rl.run.runner import train
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -33,7 +33,7 @@ _VIEWS = {"detach", "view", "unsqueeze", "squeeze", "select", "reshape", "t", "e
 
 def _where() -> str:
     frames = [f for f in traceback.extract_stack() if "/trimtab/" in f.filename]
-    frames = [f for f in frames if not f.filename.endswith(("rl/agent.py",))] or frames
+    frames = [f for f in frames if not f.filename.endswith(("rl/agent/dqn.py",))] or frames
     if not frames:
         return "autograd/other"
 

@@ -18,7 +18,7 @@ run at x1 and x1024: equal metrics). Each trial is an ordinary run directory
 ``RUNS/ENV/ARM-xSCALE/seedN``; an interrupted trial resumes from its last checkpoint on the next
 call, a finished one is read back, so a grid can be split over several calls (``--time-limit``
 stops a call cleanly) and partial JSON files merged (``--merge``). On Ray (installed) the trials
-are Ray tasks of :func:`trimtab.rl.sweep.run_sweep`; without it, ``--jobs`` processes at once
+are Ray tasks of :func:`trimtab.rl.sweep.trials.run_sweep`; without it, ``--jobs`` processes at once
 (one CPU thread each), or one after another in this process with ``--jobs 1``.
 Writes the JSON (every trial with machine, date, commit), a markdown table (``.md``) and one plot
 per env (``_ENV.png``: the metric against scale, log x axis, one line per arm, seeds as dots).
@@ -191,7 +191,7 @@ def record(t: Trial, status: str, summary: dict | None, seconds: float, error: s
 
 
 def _read_summary(run_dir: Path) -> dict | None:
-    from trimtab.rl.sweep import read_summary
+    from trimtab.rl.sweep.trials import read_summary
 
     return read_summary(run_dir)
 
@@ -291,10 +291,10 @@ class Pool:
 
 
 def run_on_ray(trials: list[Trial], args: argparse.Namespace) -> list[dict]:
-    """Every env's trials through :func:`trimtab.rl.sweep.run_sweep` on Ray (one sweep
+    """Every env's trials through :func:`trimtab.rl.sweep.trials.run_sweep` on Ray (one sweep
     directory per env, ``RUNS/ENV``: the same run directories as the process engine)."""
-    from trimtab.rl.sweep import run_sweep
-    from trimtab.rl.sweep_spec import Trial as SweepTrial
+    from trimtab.rl.sweep.spec import Trial as SweepTrial
+    from trimtab.rl.sweep.trials import run_sweep
 
     out = []
     for env in args.envs:
@@ -315,7 +315,7 @@ def check_run_dirs(trials: list[Trial]) -> None:
     resumed): another config is another experiment, refused before anything runs."""
     from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import ConfigError, from_dict, load_toml
-    from trimtab.rl.sweep_spec import same_config
+    from trimtab.rl.sweep.spec import same_config
 
     for t in trials:
         path = t.run_dir / "config.toml"

@@ -5,7 +5,7 @@
     # a subset, then one table of it and earlier result files:
     python benchmarks/stress.py --seed-list 3 --modes off --markets stress --merge old.json
 
-The cells run through the sweep runner (``trimtab.rl.sweep``): as Ray tasks on every core (or
+The cells run through the sweep runner (``trimtab.rl.sweep.trials``): as Ray tasks on every core (or
 a cluster with ``--address``; ``--serial``: one after another in this process), each an
 ordinary run directory under ``--runs`` (default: a temporary folder), so a rerun with the same
 ``--runs`` skips the cells it finished. Each cell is a full walk-forward run
@@ -32,8 +32,8 @@ import torch
 
 from trimtab.benchmarking import provenance
 from trimtab.rl.configio import apply_overrides
-from trimtab.rl.sweep import TrialResult, run_sweep
-from trimtab.rl.sweep_spec import SweepSpec
+from trimtab.rl.sweep.spec import SweepSpec
+from trimtab.rl.sweep.trials import TrialResult, run_sweep
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "stress.json"
 MODES = ("adaptive", "fixed", "off")

@@ -55,7 +55,7 @@ def counter(opt: Any, headroom: float, tally: dict[str, list[int]]) -> None:
 def measure(config: Path, headroom: float, seed: int, sets: list[str]) -> dict[str, Any]:
     from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import apply_overrides, from_dict, load_toml
-    from trimtab.rl.runner import train
+    from trimtab.rl.run.runner import train
 
     tally = {k: [0, 0] for k in ("clamped", "above", "seen")}
     with tempfile.TemporaryDirectory(prefix="weight-clamp-") as tmp:

@@ -14,7 +14,7 @@ def test_bench_sentinel_share_quick(load_bench, tmp_path):
     times = record["modes"]["off"]["cpu_ms_per_step"]
     assert set(times) == set(bench.VARIANTS) and all(t > 0 for t in times.values())
     assert len(record["modes"]["off"]["rounds_ms"]["full"]) == 2
-    from trimtab.rl.checks import Checks
+    from trimtab.rl.agent.checks import Checks
     from trimtab.sentinel import Sentinel
 
     assert Sentinel.check.__name__ == "check" and Checks._fold.__name__ == "_fold"  # restored

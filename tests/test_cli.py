@@ -36,3 +36,19 @@ def test_python_dash_m_runs_the_same_command_line():
 
     out = subprocess.run([sys.executable, "-m", "trimtab", "info"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("trimtab "), out.stderr
+
+
+def test_a_missing_trainer_dependency_is_one_line(tmp_path):
+    """The library installs without the trainer's dependencies; a trainer command then says
+    which extra to install (here tomli_w is made unimportable in a fresh interpreter)."""
+    code = (
+        "import sys; sys.modules['tomli_w'] = None\n"
+        "from trimtab.cli import main\n"
+        f"sys.exit(main(['train', '--out', {str(tmp_path / 'run')!r}]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err
+    assert "needs the trainer's dependencies (tomli_w is not installed)" in err, err
+    assert "pip install 'trimtab[train]'" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()

@@ -43,10 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="print versions and the devices trimtab can use")
     info.set_defaults(func=_info)
-    from trimtab.rl.cli_train import add_commands
+    from trimtab.rl.run.cli import add_commands
 
     add_commands(sub)
-    from trimtab.rl.cli_sweep import add_command as add_sweep
+    from trimtab.rl.sweep.cli import add_command as add_sweep
 
     add_sweep(sub)
     return parser
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 0
-    from trimtab.rl.cli_train import user_errors
+    from trimtab.rl.run.cli import user_errors
 
     terminated: list[int] = []
 
@@ -83,6 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _halted() as e:
         print(f"trimtab: halted: {e}", file=sys.stderr)
         return 3
+    except ModuleNotFoundError as e:  # the library alone installed: the trainer needs its extra
+        if (e.name or "").split(".")[0] not in TRAINER_DEPENDENCIES:
+            raise
+        print(
+            f"trimtab: error: `trimtab {args.command}` needs the trainer's dependencies "
+            f"({e.name} is not installed): pip install 'trimtab[train]'",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt as e:  # a run's own says where it was and what a resume redoes
         why = "terminated (SIGTERM): " if terminated and not isinstance(e, Terminated) else ""
         print(f"trimtab: {why}{e or 'interrupted'}", file=sys.stderr)
@@ -90,6 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+#: what ``pip install 'trimtab[train]'`` adds to the library's torch, numpy and Triton
+TRAINER_DEPENDENCIES = ("gymnasium", "pandas", "pyarrow", "matplotlib", "tensorboard", "tqdm",
+                        "tomli_w", "tomli")  # fmt: skip
 
 
 def _halted() -> type[BaseException]:

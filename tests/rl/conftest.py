@@ -1,9 +1,15 @@
-"""Shared set-up of the trainer tests: one CPU thread."""
+"""Shared set-up of the trainer tests (one folder per subpackage of :mod:`trimtab.rl`): one CPU
+thread, and ``rl_helpers`` importable from every folder."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # rl_helpers, for the tests in the subfolders
 
 
 @pytest.fixture(autouse=True)

@@ -32,7 +32,7 @@ def tiny(out: Path, steps_per_fold: int = 12, **run: object) -> TrainConfig:
 def wired_learner(cfg, obs_dim: int = 5, branches: int = 2):
     """The learner of ``cfg`` (branches of 3 actions), built as the trainer builds it."""
     from trimtab.lifecycle import Lifecycle
-    from trimtab.rl.learner import build_learner
+    from trimtab.rl.agent.learner import build_learner
 
     with Lifecycle():
         return build_learner(cfg, obs_dim, [3] * branches, torch.device("cpu"))

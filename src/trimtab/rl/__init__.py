@@ -1,6 +1,6 @@
 """The walk-forward trading trainer: market data, features, environments, metrics.
 
-Submodules are imported explicitly (``from trimtab.rl.env import BatchedTradingEnv``);
+Submodules are imported explicitly (``from trimtab.rl.envs.trading import BatchedTradingEnv``);
 importing this package loads nothing heavy (no pandas, no gymnasium).
 
 - ``market``: the embedded seeded synthetic market (regimes, fat tails, learnable structure).

@@ -14,10 +14,11 @@ from typing import Any, Literal
 import torch
 
 from trimtab._headroom import check_headroom
-from trimtab.rl.agent import AgentConfig
+from trimtab.rl.agent.dqn import AgentConfig
 from trimtab.rl.backtest.execution import EXECUTIONS, Execution
 from trimtab.rl.configio import ConfigError, check_fields
-from trimtab.rl.features import DEFAULT_FEATURES, FEATURE_NAMES
+from trimtab.rl.data.features import DEFAULT_FEATURES, FEATURE_NAMES
+from trimtab.rl.envs.registry import env_kind
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -277,18 +278,20 @@ class EnvConfig:
     n_envs: int | Literal["auto"] = "auto"
     episode_days: int = 64  # trading days per training episode (market only)
     # market only: the per-asset features the agent observes, by name, from
-    # trimtab.rl.features.FEATURE_NAMES (README: Features); default the first 8
+    # trimtab.rl.data.features.FEATURE_NAMES (README: Features); default the first 8
     features: tuple[str, ...] = DEFAULT_FEATURES
     # Gymnasium envs only: "gymnasium" steps Gymnasium's own envs on the host; "torch" steps the
     # same dynamics as one batched torch env on the run's device (no host sync per step; the
-    # envs in TORCH_ENVS: gym:CartPole-v1, trimtab.rl.cartpole)
+    # envs in TORCH_ENVS: gym:CartPole-v1, trimtab.rl.envs.cartpole)
     impl: EnvImpl = "gymnasium"
 
     def __post_init__(self) -> None:
         check_fields(self, "env")  # types, Literal values, finite numbers
         bad = []
-        if not (self.name == "market" or self.name.startswith("gym:")):
-            bad.append(f"name={self.name!r} must be 'market' or 'gym:ENV_ID'")
+        try:  # a kind the registry knows (trimtab.rl.envs.registry)
+            env_kind(self.name, self.impl)
+        except ConfigError as e:
+            bad.append(str(e))
         if self.impl == "torch" and self.name not in TORCH_ENVS:
             bad.append(f"impl='torch' runs {list(TORCH_ENVS)} only, not name={self.name!r}")
         if len(self.levels) < 2 or any(abs(x) > 1 for x in self.levels):
@@ -412,7 +415,8 @@ class TrainConfig:
             object.__setattr__(self, "agent", agent)
         refused = inapplicable_keys(self)
         if refused:
-            kind = "Gymnasium" if self.env.name.startswith("gym:") else "market"
+            walked = env_kind(self.env.name, self.env.impl).walk_forward
+            kind = "market" if walked else "Gymnasium"
             one = len(refused) == 1
             raise ConfigError(
                 f"{'; '.join(refused)}: {'does' if one else 'do'} nothing in a {kind} run "
@@ -451,7 +455,7 @@ def inapplicable_keys(cfg: TrainConfig) -> list[str]:
     """Keys set away from their default that ``cfg.env.name``'s kind of run would not use:
     [data], [walkforward] and the market's [env] keys for a Gymnasium env, [gym] for the
     market. (A key set to its default value is indistinguishable from one not set.)"""
-    if cfg.env.name.startswith("gym:"):
+    if not env_kind(cfg.env.name, cfg.env.impl).walk_forward:
         return (
             _changed(cfg.data, DataConfig(), "data")
             + _changed(cfg.env, EnvConfig(), "env", keep=_ENV_SHARED)

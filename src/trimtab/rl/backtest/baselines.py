@@ -193,7 +193,7 @@ def oracle_levels(
     """The regime oracle's levels ``[L, A]``, chosen greedily bar by bar and asset by asset.
 
     ``edge[i, a]`` is the expected simple return that a position taken at decision ``i`` in
-    asset ``a`` earns (e.g. :meth:`trimtab.rl.market.MarketSpec.expected_return`). Per unit
+    asset ``a`` earns (e.g. :meth:`trimtab.rl.data.synthetic.MarketSpec.expected_return`). Per unit
     of weight (``w = l / A`` scales both terms alike) the oracle picks
 
         l_i = argmax_l  l edge_i - c |l - l_{i-1}|,    l_{-1} = 0 (from flat),
@@ -230,7 +230,7 @@ class Simulated:
 
 
 def simulate(levels: np.ndarray, fills: Fills, costs: Costs) -> Simulated:
-    """Fill and charge level tables as :func:`trimtab.rl.env.evaluate` fills an agent.
+    """Fill and charge level tables as :func:`trimtab.rl.envs.trading.evaluate` fills an agent.
 
     ``levels [N, L, A]`` (or ``[L, A]``, taken as ``N = 1``; level values, not indices) are
     the targets of decisions ``i = 0 .. L - 1``; ``fills`` has ``L`` rows, row ``i`` the bar
@@ -239,7 +239,7 @@ def simulate(levels: np.ndarray, fills: Fills, costs: Costs) -> Simulated:
     ``i = 0``) to ``l_i`` and earns :func:`.execution.step_log_return` of row ``i`` (CPU,
     float64). The first decision whose bar is :func:`.execution.ruined` keeps its (floored)
     return and weights; every later one holds nothing and earns nothing, and turnover is
-    taken from the weights held (as :class:`trimtab.rl.env.Evaluation` records it).
+    taken from the weights held (as :class:`trimtab.rl.envs.trading.Evaluation` records it).
     """
     lv = np.asarray(levels, np.float64)
     if lv.ndim == 2:

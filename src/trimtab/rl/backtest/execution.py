@@ -1,6 +1,6 @@
 """Fills and costs: what a decision taken on the close of bar t earns, and what it pays.
 
-One formula serves the training env (:class:`trimtab.rl.env.BatchedTradingEnv`), its greedy
+One formula serves the training env (:class:`trimtab.rl.envs.trading.BatchedTradingEnv`), its greedy
 evaluation and every baseline (:mod:`trimtab.rl.backtest.baselines`), so an agent and the
 strategies it is compared with are filled at the same prices and charged the same costs.
 

@@ -81,8 +81,8 @@ def fold_backtest(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The fold's statistics (agent and baselines) and its daily curves, dated.
 
-    ``ev`` is the agent's :class:`trimtab.rl.env.Evaluation` over decisions ``train_end - 1 ..
-    test_end - 2``, earning bars ``train_end .. test_end - 1``."""
+    ``ev`` is the agent's :class:`trimtab.rl.envs.trading.Evaluation` over decisions
+    ``train_end - 1 .. test_end - 2``, earning bars ``train_end .. test_end - 1``."""
     start, end = fold.train_end - 1, fold.test_end - 1
     ppy, costs = market.periods_per_year, market.costs
     rf = costs.cash_per_bar
@@ -291,7 +291,7 @@ def _moment(x: np.ndarray, k: int) -> float | None:
 
 
 def _write_csv(path: Path, cols: dict[str, np.ndarray]) -> None:
-    from trimtab.rl.checkpoint import atomic_write_text
+    from trimtab.rl.run.checkpoint import atomic_write_text
 
     names = list(cols)
     lines = [",".join(names)]

@@ -1,0 +1,173 @@
+"""The guarded learn step captured whole in a CUDA graph: warmed up eagerly on a side stream,
+captured once on static batch buffers, then replayed per step (one launch instead of hundreds).
+
+What a replay does is exactly what the eager step does (the same kernels on the same buffers, the
+agent's generator registered with the graph, so its random draws continue the eager sequence);
+what cannot live in a graph stays on the host around it, in
+:class:`trimtab.rl.agent.learner.Learner`:
+the target sync every ``target_update_period`` updates, the replay's priority update, the host
+read of the sentinel's flag. Follows PyTorch's whole-network capture recipe (``torch.cuda.graph``
+after a side-stream warm-up; the "CUDA Graphs" notes of the CUDA semantics docs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from trimtab.kernels._table import keep_host_copies
+
+__all__ = ["WARMUP_STEPS", "Beside", "CapturedStep"]
+
+#: Eager steps on a side stream before the capture: lazily built state (optimizer moments, the
+#: sentinel's pointer tables of persistent buffers, Triton specialisations, the moments' slots
+#: that the optimizer phase checks from its second step on) must exist before it, and PyTorch's
+#: recipe warms up "a few" iterations (its example: 3). They are real training steps.
+WARMUP_STEPS = 3
+
+Step = Callable[[dict[str, Tensor]], dict[str, Tensor]]
+
+
+class CapturedStep:
+    """``step(batch) -> info`` run eagerly ``warmup`` times on a side stream, then captured in a
+    :class:`torch.cuda.CUDAGraph` on static copies of the batch and replayed for every later
+    call (the batch copied into the static buffers first, one ``_foreach_copy_``; a step that
+    samples its own batch takes an empty dict).
+
+    ``generators``: the generators the step draws from, registered with the graph so a replay
+    advances them as the eager step does. ``addresses()``: the data pointers of every buffer the
+    step keeps between steps that an outside call could reallocate (optimizer state, gradients,
+    weights); the capture records them, and :meth:`check` (which the owner calls at each fold
+    boundary and after a checkpoint load) drops the graph when they moved, so a reset that
+    reallocates is recaptured (after a new warm-up) instead of replaying into freed memory.
+    Replays return the same ``info`` tensors each time (overwritten by the next replay): clone
+    what must outlive a step. Batches must keep the captured keys, shapes and dtypes (a
+    mismatch is an error naming the key).
+    """
+
+    def __init__(
+        self,
+        step: Step,
+        generators: Sequence[torch.Generator],
+        addresses: Callable[[], tuple[int, ...]],
+        warmup: int = WARMUP_STEPS,
+    ) -> None:
+        if warmup < 1:
+            raise ValueError(f"warmup={warmup}: capture needs at least one eager step before it")
+        self.step, self.generators, self.addresses = step, list(generators), addresses
+        self.warmup = warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: dict[str, Tensor] = {}
+        self.out: dict[str, Tensor] = {}
+        self.warm = 0  # eager steps since the last (re)capture was due
+        #: captures made, and the host seconds they took (warm-up steps not included)
+        self.captures, self.capture_seconds = 0, 0.0
+        self._captured_at: tuple[int, ...] = ()
+        self._keep: list[Tensor] = []  # tables, workspaces, pinned copies the graph reads
+        self._side: torch.cuda.Stream | None = None
+
+    def __call__(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self.graph is None:
+            if self.warm < self.warmup:
+                self.warm += 1
+                return self._eager(batch)
+            self._capture(batch)
+        self._load(batch)
+        self.graph.replay()  # type: ignore[union-attr]
+        return self.out
+
+    def _eager(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        current = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        self._side.wait_stream(current)
+        with torch.cuda.stream(self._side):
+            info = self.step(batch)
+        current.wait_stream(self._side)
+        return info
+
+    def _capture(self, batch: dict[str, Tensor]) -> None:
+        t0 = time.perf_counter()
+        self.static = {k: v.detach().clone() for k, v in batch.items()}
+        graph = torch.cuda.CUDAGraph()
+        for g in self.generators:
+            graph.register_generator_state(g)
+        with keep_host_copies() as kept, torch.cuda.graph(graph):
+            self.out = self.step(self.static)
+        self.graph, self._keep = graph, kept
+        self._captured_at = self.addresses()
+        self.captures += 1
+        self.capture_seconds += time.perf_counter() - t0
+
+    def _load(self, batch: dict[str, Tensor]) -> None:
+        if batch is self.static:
+            return
+        if batch.keys() != self.static.keys():
+            raise KeyError(
+                f"the captured learn step reads batch keys {sorted(self.static)}, this batch "
+                f"has {sorted(batch)}; keep one replay configuration per run"
+            )
+        dst, src = [], []
+        for k, s in self.static.items():
+            x = batch[k]
+            if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
+                raise ValueError(
+                    f"batch[{k!r}] is {tuple(x.shape)} {x.dtype} on {x.device}; the captured "
+                    f"step reads {tuple(s.shape)} {s.dtype} on {s.device} (the batch size and "
+                    "the replay's layout are fixed once captured)"
+                )
+            dst.append(s)
+            src.append(x)
+        if dst:  # a step that samples inside the graph reads no batch
+            torch._foreach_copy_(dst, src)
+
+    def check(self) -> bool:
+        """Drop the graph if the buffers it was captured on moved (a reset or a load that
+        reallocated them); the next calls warm up and recapture. Returns True if it dropped."""
+        if self.graph is None or self.addresses() == self._captured_at:
+            return False
+        self.drop()
+        return True
+
+    def drop(self) -> None:
+        """Forget the graph (the next :attr:`warmup` calls run eagerly, then it recaptures)."""
+        self.graph, self.static, self.out, self._keep = None, {}, {}, []
+        self.warm = 0
+
+
+class Beside:
+    """Work that nothing later in the step reads, run on a second CUDA stream beside what
+    follows until :meth:`join` (a fork and a join: captured, two branches of the graph that the
+    GPU runs at once). On the CPU, or with ``enabled`` False, plain sequential code. No host
+    sync: the streams wait on each other's events on the device.
+
+    Use::
+
+        with beside:
+            independent_work()
+        other_work()
+        beside.join()
+    """
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
+        self._ctx: torch.cuda.StreamContext | None = None
+
+    def __enter__(self) -> Beside:
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            self._ctx = torch.cuda.stream(self.stream)
+            self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            ctx.__exit__(*exc)
+
+    def join(self) -> None:
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)

@@ -1,0 +1,269 @@
+"""The learner: one agent, the stability parts of its mode, and the one guarded learn step that
+every runner calls. The step reads top to bottom; every stability call is marked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trimtab.lifecycle import register
+from trimtab.nonfinite import NonFinitePolicy
+from trimtab.rl.agent.dqn import DQNAgent
+from trimtab.rl.agent.graphed import Beside, CapturedStep
+from trimtab.rl.agent.replay import ReplayBuffer
+from trimtab.rl.agent.stability import Stability, build_stability
+from trimtab.rl.config import (
+    AUTOCAST_DTYPES,
+    DEFAULT_CHECK_EVERY,
+    RunConfig,
+    TrainConfig,
+    uses_cuda_graph,
+)
+
+__all__ = ["Learner", "build_learner", "uses_cuda_graph"]
+
+
+class Learner:
+    """An agent, the stability parts of its mode and the learn step (build it with
+    :func:`build_learner` inside the run's :class:`trimtab.Lifecycle`, so every piece of state
+    registers its fold-boundary reset)."""
+
+    def __init__(
+        self,
+        agent: DQNAgent,
+        stability: Stability,
+        policy: NonFinitePolicy,
+        *,
+        cuda_graph: bool = False,
+        check_every: int = DEFAULT_CHECK_EVERY,
+    ) -> None:
+        if check_every < 1:
+            raise ValueError(f"check_every={check_every} must be >= 1 (learn steps per host read)")
+        if cuda_graph and agent.device.type != "cuda":
+            raise ValueError(
+                f"cuda_graph=True needs the agent on a CUDA device, not {agent.device}; "
+                "run eagerly (cuda_graph=False) on the CPU"
+            )
+        self.agent, self.stability, self.policy = agent, stability, policy
+        self.params = list(agent.online.parameters())
+        self.check_every = check_every
+        #: the bounds' end-of-step fold runs on a second stream beside the sentinel's
+        #: optimizer-phase check (CUDA, modes with measured bounds; the others fold nothing)
+        self.beside = Beside(agent.device, enabled=stability.bounds is not None)
+        #: the captured step on a given batch (None: eager), and the one that samples its
+        #: batch inside the graph (:meth:`learn_from`; built at its first call, per replay)
+        self.graph = (
+            CapturedStep(self.guarded_step, [agent.generator], self._addresses)
+            if cuda_graph
+            else None
+        )
+        self.sampled_graph: CapturedStep | None = None
+        self._sampling: tuple[ReplayBuffer, torch.Generator, int] | None = None
+        if cuda_graph:  # inside the run's Lifecycle: after every other reset
+            register(self, "check_graphs", name="cuda_graph",
+                     what="recapture the learn step if a reset moved its buffers")  # fmt: skip
+
+    def learn(
+        self, batch: dict[str, Tensor], replay: ReplayBuffer | None = None
+    ) -> dict[str, Tensor]:
+        """One guarded gradient step on ``batch`` (eager, or a replay of the captured step: the
+        same numbers), then what stays on the host: the replay's priorities, the update count
+        and the target sync every ``target_update_period`` updates. Returns detached device
+        tensors (under capture the same tensors every step, overwritten by the next one). No
+        host synchronisation."""
+        self._refuse_fault()
+        info = self.graph(batch) if self.graph is not None else self.guarded_step(batch)
+        if replay is not None:
+            replay.update_priorities(batch["indices"], info["priorities"])
+        self._count_update()
+        return info
+
+    def learn_from(
+        self, replay: ReplayBuffer, generator: torch.Generator, batch_size: int
+    ) -> dict[str, Tensor]:
+        """:meth:`learn` on ``replay.sample(batch_size, generator)``. Captured, the sample and
+        the priority update are in the graph too (no copy into static buffers): one graph per
+        replay buffer, generator and batch size (the trainer's fresh buffer of each fold is
+        captured after its own warm-up), with ``generator`` registered, so the draws are the
+        eager ones. The replay's ``beta`` is read when captured."""
+        if self.graph is None:
+            return self.learn(replay.sample(batch_size, generator), replay)
+        self._refuse_fault()
+        key = self._sampling
+        if key is None or key[0] is not replay or key[1] is not generator or key[2] != batch_size:
+
+            def step(_: dict[str, Tensor]) -> dict[str, Tensor]:
+                batch = replay.sample(batch_size, generator)
+                info = self.guarded_step(batch)
+                replay.update_priorities(batch["indices"], info["priorities"])
+                return info
+
+            gens = [self.agent.generator, generator]
+            self.sampled_graph = CapturedStep(step, gens, self._addresses)
+            self._sampling = (replay, generator, batch_size)
+        info = self.sampled_graph({})  # type: ignore[misc]
+        self._count_update()
+        return info
+
+    def _refuse_fault(self) -> None:
+        if self.graph is not None and self.stability.checks.fault is not None:
+            raise RuntimeError(
+                "the fault-injection hook (Checks.fault) counts checks on the host, which a "
+                "captured CUDA graph does not re-run: build the learner with "
+                "run.cuda_graph = 'off' to inject faults"
+            )
+
+    def _count_update(self) -> None:
+        agent = self.agent
+        agent.num_updates += 1
+        if agent.num_updates % agent.config.target_update_period == 0:
+            agent.sync_target()  # in place: the captured step reads the same target weights
+
+    def check_graphs(self) -> None:
+        """Drop a captured step whose buffers moved (a reset or load that reallocated them):
+        it is recaptured after a new warm-up instead of replaying into freed memory."""
+        for graph in (self.graph, self.sampled_graph):
+            if graph is not None:
+                graph.check()
+
+    def guarded_step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The device part of :meth:`learn`, what a CUDA graph captures: it changes no host
+        state and makes no host synchronisation; every decision is a device operation."""
+        agent, s = self.agent, self.stability
+        s.checks.batch(batch, self.policy)  # stability: sentinel "batch" first; skip/sanitize
+        support = s.support()  # stability: the C51 support (adaptive: ±measured target bound)
+        z = agent.atoms(*support)
+        with agent.precision():
+            pred = agent.predict(batch, z)  # stability: the trunk clamp is a layer of the net
+            targets = agent.bellman_targets(batch, z)
+        s.bound_targets(targets.bounded)  # stability: measure, check, clamp the targets
+        s.checks.see("trunk", pred.trunk.detach())
+        with agent.precision():
+            loss, info = agent.loss(batch, pred, targets, support, z)
+        s.checks.forward(batch["obs"], support[1], pred.logits, loss)  # stability: sentinel
+        if pred.trunk.requires_grad:
+            pred.trunk.register_hook(s.checks.trunk_grad)  # stability: sentinel, heads' grad
+        # Gradients keep their buffers (zeroed, not set to None): the sentinel's pointer table
+        # and a captured CUDA graph both need stable addresses. One multi-tensor zero (the
+        # optimizer's zero_grad zeroes them one launch each unless it was built with foreach).
+        kept = [p.grad for p in self.params if p.grad is not None]
+        if kept:
+            torch._foreach_zero_(kept)
+        loss.backward()
+        s.checks.gradients()  # stability: sentinel "backward", before anything rewrites grads
+        grads = [p.grad for p in self.params if p.grad is not None]
+        info["found_inf"] = self.policy.inspect(grads)  # stability: flag (sanitize: zero)
+        if s.clip is not None:
+            info["grad_norm"] = s.clip(self.params)  # stability: gradient clip
+        self.policy.step()  # stability: the optimizer step honours found_inf under "skip"
+        s.after_step()  # stability: fixed mode's weight clamp
+        with self.beside:  # on CUDA beside the check below (they touch disjoint state)
+            s.fold()  # stability: fold every bound measured this step, once
+        s.checks.weights()  # stability: sentinel "optimizer" (weights, moments)
+        self.beside.join()
+        return info
+
+    def poll(self) -> str | None:
+        """The loop's one host read of "did anything fire?", made every :attr:`check_every`
+        updates (counted by the agent's update count, so the cadence survives a resume):
+        :meth:`halt_message` on those steps, None without reading anything on the others.
+        Under ``halt`` a fire is found up to ``check_every - 1`` steps late; the message names
+        the step where it fired, from the sentinel's device-side record."""
+        if self.agent.num_updates % self.check_every:
+            return None
+        return self.halt_message()
+
+    @classmethod
+    def unguarded(cls, agent: DQNAgent) -> Learner:
+        """The learn step around an existing agent with the ``off`` mode's parts (no bound, no
+        clip; the sentinel still watches): for a user of the agent alone, and its tests."""
+        cfg = TrainConfig(run=RunConfig(stability="off"), agent=agent.config)
+        stab = build_stability(cfg, n_branches=len(agent.branch_sizes), device=agent.device)
+        stab.support = agent.support_fn
+        stab.attach(agent.online, agent.optimizer)
+        return cls(agent, stab, NonFinitePolicy("halt", agent.optimizer, agent.device))
+
+    # --- what a runner calls and reads ----------------------------------------------------
+    def see_env(self, obs: Tensor, reward: Tensor, final_obs: Tensor) -> None:
+        """Sentinel phase ``env`` on an env step's output, before replay stores it (then
+        ``sanitize`` zeroes what is non-finite). One launch, no host sync."""
+        self.stability.checks.env(obs, reward, final_obs, self.policy)
+
+    @property
+    def fingerprint(self) -> str:
+        """The state-vector layout's fingerprint (checkpoints of another layout are refused)."""
+        return self.stability.fingerprint
+
+    def log_values(self) -> dict[str, Tensor]:
+        """Bounds and engagement rates since the last call (device tensors)."""
+        s = self.stability
+        rates = s.rates()
+        return {
+            "bound/support": s.support()[1].mean(),
+            "bound/trunk": s.state["trunk_bound"],
+            "bound/adam_weight": s.state["adam_weight_bound"][0],
+            "bound/adam_weight_vectors": s.state["adam_weight_bound"][1],
+            "bound/grad_clip": s.state["grad_clip_bound"],
+            "engaged/target_clamp": rates[0],
+            "engaged/trunk_clamp": rates[1],
+            "engaged/grad_clip": s.clip_rate(),
+        }
+
+    def halt_message(self) -> str | None:
+        """The first sentinel firing under ``on_nonfinite = "halt"`` (a host read)."""
+        return self.stability.checks.halt_message()
+
+    def nonfinite_count(self) -> int:
+        return len(self.stability.sentinel.report())
+
+    def sentinel_report(self) -> dict[str, Any]:
+        return self.stability.sentinel.to_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"agent": self.agent.state_dict(), "stability": self.stability.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load in place: every buffer keeps its address (the optimizer's loader allocates new
+        moments; their values are copied back into the old ones), so a captured step replays
+        on the loaded state without a recapture."""
+        opt = self.agent.optimizer
+        before = {p: dict(st) for p, st in opt.state.items()}
+        self.agent.load_state_dict(state["agent"])
+        self.stability.load_state_dict(state["stability"])
+        for p, st in opt.state.items():
+            for key, new in st.items():
+                old = before.get(p, {}).get(key)
+                if (isinstance(old, Tensor) and isinstance(new, Tensor) and old.shape == new.shape
+                        and old.dtype == new.dtype and old.device == new.device):  # fmt: skip
+                    old.copy_(new)
+                    st[key] = old
+        self.check_graphs()  # a buffer the load could not keep: recapture
+
+    def _addresses(self) -> tuple[int, ...]:
+        """Where the step's persistent buffers live: weights, gradients, optimizer state."""
+        tensors = [*self.params, *self.agent.target.parameters()]
+        tensors += [p.grad for p in self.params if p.grad is not None]
+        for st in self.agent.optimizer.state.values():
+            tensors += [v for v in st.values() if isinstance(v, Tensor)]
+        return tuple(t.data_ptr() for t in tensors)
+
+
+def build_learner(
+    cfg: TrainConfig, obs_dim: int, branch_sizes: list[int], device: torch.device
+) -> Learner:
+    """The agent and the stability parts of ``cfg.run.stability`` (and ``cfg.run.ablate``),
+    chosen here once: the learn step has no branch on the mode."""
+    stab = build_stability(cfg, n_branches=len(branch_sizes), device=device)
+    agent = DQNAgent(
+        obs_dim, branch_sizes, replace(cfg.agent, seed=cfg.run.seed), device,
+        optimizer_factory=stab.make_optimizer, support_fn=stab.support,
+        autocast=AUTOCAST_DTYPES[cfg.run.autocast], trunk_out=stab.trunk_out,
+    )  # fmt: skip
+    stab.attach(agent.online, agent.optimizer)
+    policy = NonFinitePolicy(cfg.run.on_nonfinite, agent.optimizer, device)
+    return Learner(agent, stab, policy, cuda_graph=uses_cuda_graph(cfg.run, device),
+                   check_every=cfg.run.check_every)  # fmt: skip

@@ -1,0 +1,142 @@
+"""Causal per-asset features of daily bars, and a normaliser fit on the training window only.
+
+Every feature at day t is a function of bars 0..t; nothing reads day t+1 or later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from trimtab.rl.data.load import MarketData
+
+FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z", "autocorr_20",
+                 "mkt_autocorr_20", "ac_move_1", "mkt_ac_move_1")  # fmt: skip
+#: what the agent observes unless ``env.features`` says otherwise: the two products
+#: ``ac_move_1``/``mkt_ac_move_1`` were measured as inputs (README: Features) and left out
+DEFAULT_FEATURES = FEATURE_NAMES[:8]
+RETURN_HORIZONS = (1, 5, 20)
+VOL_WINDOW = 20
+VOLUME_WINDOW = 20
+#: days of the rolling lag-1 autocorrelation: whether yesterday's move tends to continue
+#: (momentum) or reverse, the sign of the bet on it
+AUTOCORR_WINDOW = 20
+WARMUP = max(*RETURN_HORIZONS, VOL_WINDOW, VOLUME_WINDOW - 1, AUTOCORR_WINDOW + 1)
+"""Days 0..WARMUP-1 lack a full look-back; their features are NaN. Slice them off."""
+STD_FLOOR = 1e-12
+"""Numerical guard only: a feature constant over the fit window is centred, not scaled."""
+
+
+def select_features(features: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """The columns ``names`` (a subset of ``FEATURE_NAMES``, in the order given) of
+    :func:`compute_features`' ``[T, A, F]``: the observation ``env.features`` configures."""
+    unknown = [n for n in names if n not in FEATURE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown features {unknown}; known: {list(FEATURE_NAMES)}")
+    return features[..., [FEATURE_NAMES.index(n) for n in names]]
+
+
+def compute_features(data: MarketData) -> np.ndarray:
+    """Features ``[T, A, F]`` (float64, order ``FEATURE_NAMES``); rows ``< WARMUP`` are NaN.
+
+    With ``p`` = adjusted close and ``r_t = log p_t - log p_{t-1}``:
+
+    - ``ret_h``  = log p_t - log p_{t-h} for h in 1, 5, 20;
+    - ``vol_20`` = standard deviation (ddof=1) of r_{t-19..t};
+    - ``hl_range`` = log(high_t / low_t);
+    - ``volume_z`` = z-score of log(1 + volume_t) within days t-19..t (0 when constant);
+    - ``autocorr_20`` = the sample correlation of (r_{t-19..t}) with (r_{t-20..t-1}): the
+      lag-1 autocorrelation of the last 20 returns (0 when either window is constant);
+    - ``mkt_autocorr_20`` = the mean of ``autocorr_20`` over the assets (the same for each):
+      one market-wide estimate, less noisy than an asset's own when regimes are shared;
+    - ``ac_move_1`` = ``autocorr_20 * ret_1 / vol_20`` and ``mkt_ac_move_1`` =
+      ``mkt_autocorr_20 * ret_1 / vol_20``: today's move in units of recent volatility, signed
+      by whether moves have lately continued (> 0) or reversed (< 0). The bet on yesterday's
+      move flips sign with the autocorrelation; a product of two inputs is what a small ReLU
+      network learns last from noisy rewards, so it is given as one input (0 where vol_20 is 0).
+    """
+    log_p = np.log(data.adj_close)
+    t_len, n = log_p.shape
+    out = np.full((t_len, n, len(FEATURE_NAMES)), np.nan)
+    for f, h in enumerate(RETURN_HORIZONS):
+        out[h:, :, f] = log_p[h:] - log_p[:-h]
+    r = np.diff(log_p, axis=0)  # r[i] is the return of day i + 1
+    if t_len > VOL_WINDOW:
+        out[VOL_WINDOW:, :, 3] = sliding_window_view(r, VOL_WINDOW, axis=0).std(axis=-1, ddof=1)
+    out[:, :, 4] = np.log(data.high / data.low)
+    lv = np.log1p(data.volume)
+    if t_len >= VOLUME_WINDOW:
+        win = sliding_window_view(lv, VOLUME_WINDOW, axis=0)
+        sd = win.std(axis=-1, ddof=1)
+        z = (lv[VOLUME_WINDOW - 1 :] - win.mean(axis=-1)) / np.maximum(sd, STD_FLOOR)
+        out[VOLUME_WINDOW - 1 :, :, 5] = np.where(sd > STD_FLOOR, z, 0.0)
+    if t_len > AUTOCORR_WINDOW + 1:
+        ac = _lag1_autocorr(r, AUTOCORR_WINDOW)
+        out[AUTOCORR_WINDOW + 1 :, :, 6] = ac
+        out[AUTOCORR_WINDOW + 1 :, :, 7] = ac.mean(axis=1, keepdims=True)
+    vol = out[:, :, 3]
+    move = np.where(vol > STD_FLOOR, out[:, :, 0] / np.where(vol > STD_FLOOR, vol, 1.0), 0.0)
+    out[:, :, 8] = out[:, :, 6] * move
+    out[:, :, 9] = out[:, :, 7] * move
+    out[:WARMUP] = np.nan
+    return out
+
+
+def _lag1_autocorr(r: np.ndarray, w: int) -> np.ndarray:
+    """``[T' , A]``: the correlation of ``r[i+1 .. i+w]`` with ``r[i .. i+w-1]`` for each
+    ``i``; ``r[i]`` is day ``i + 1``'s return, so row ``j`` belongs to day ``j + w + 1``."""
+    now = sliding_window_view(r[1:], w, axis=0)  # [T', A, w]
+    lag = sliding_window_view(r[:-1], w, axis=0)
+    a = now - now.mean(-1, keepdims=True)
+    b = lag - lag.mean(-1, keepdims=True)
+    den = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    return np.where(den > STD_FLOOR, (a * b).sum(-1) / np.maximum(den, STD_FLOOR), 0.0)
+
+
+@dataclass
+class FeatureNormalizer:
+    """Per (asset, feature) standardisation ``(x - mean) / std`` with statistics of one window.
+
+    Fit it on the training window only (``fit(features[train])``) and apply it to that window
+    and the following test window: the test window's statistics must not leak into training.
+    """
+
+    mean: np.ndarray | None = None  # [A, F]
+    std: np.ndarray | None = None  # [A, F]
+
+    def fit(self, features: np.ndarray) -> FeatureNormalizer:
+        """Fit on ``features[T, A, F]``, which must be finite (slice off ``WARMUP`` rows)."""
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 3 or x.shape[0] < 2:
+            raise ValueError(f"fit needs features [T >= 2, A, F], got shape {x.shape}")
+        if not np.isfinite(x).all():
+            bad = int(np.argmax(~np.isfinite(x).reshape(len(x), -1).all(1)))
+            raise ValueError(
+                f"features are not finite at row {bad}; the first WARMUP={WARMUP} rows of "
+                "compute_features are NaN by design, slice them off"
+            )
+        self.mean = x.mean(axis=0)
+        sd = x.std(axis=0, ddof=1)
+        self.std = np.where(sd > STD_FLOOR, sd, 1.0)
+        return self
+
+    def transform(self, features: np.ndarray) -> np.ndarray:
+        """Standardise ``features[..., A, F]`` with the fitted statistics (float64)."""
+        if self.mean is None or self.std is None:
+            raise RuntimeError("FeatureNormalizer.transform before fit")
+        return (np.asarray(features, dtype=np.float64) - self.mean) / self.std
+
+    def fit_transform(self, features: np.ndarray) -> np.ndarray:
+        return self.fit(features).transform(features)
+
+    def state_dict(self) -> dict[str, list]:
+        """Plain lists, for saving with a checkpoint."""
+        if self.mean is None or self.std is None:
+            raise RuntimeError("FeatureNormalizer.state_dict before fit")
+        return {"mean": self.mean.tolist(), "std": self.std.tolist()}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, list]) -> FeatureNormalizer:
+        return cls(mean=np.asarray(state["mean"]), std=np.asarray(state["std"]))

@@ -1,0 +1,246 @@
+"""The run report: PNG plots and ``report.html`` rebuilt from the files of a run directory.
+
+Reads ``summary.json``, ``oos.csv``, ``folds/fold_K.csv`` and ``metrics.csv`` only, so
+``trimtab report RUN_DIR`` can rebuild it at any time. A market run's report reads top down as
+a trader asks: how it fills and what it costs, the verdict, the data's warnings, the pooled
+out-of-sample table beside every baseline, dated plots, the folds, then training diagnostics.
+Tables live in :mod:`trimtab.rl.report.tables`, plots in :mod:`trimtab.rl.report.plots`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from trimtab.rl.report.plots import PREFIXES, market_figures, plot_prefix
+from trimtab.rl.report.plots import read_csv as _read_csv
+from trimtab.rl.report.tables import (
+    FOLD_HEAD,
+    PAIRED_HEAD,
+    POOLED_HEAD,
+    aggregate_folds,
+    best_baseline,
+    breakeven_line,
+    cost_line,
+    fold_flags,
+    fold_rows,
+    format_fold_table,
+    html_table,
+    paired_rows,
+    pooled_rows,
+    random_line,
+    verdict,
+)
+from trimtab.rl.run.checkpoint import atomic_write_text
+
+__all__ = ["ReportError", "aggregate_folds", "best_baseline", "build_report", "fold_flags",
+           "format_fold_table", "run_identity"]  # fmt: skip
+
+_CSS = (
+    "body{font-family:sans-serif;max-width:1200px;margin:2em auto}"
+    "table{border-collapse:collapse;margin:0.5em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "td:first-child{text-align:left}img{max-width:100%}.bad{color:#b00}"
+    ".verdict{font-size:1.15em;font-weight:bold;padding:0.5em;background:#f4f4f4}"
+    ".warn{border:2px solid #b00;background:#fff2f2;padding:0.5em 1em;color:#700}"
+    ".optimistic{color:#b00;font-weight:bold}"
+)
+
+#: the columns of a Gymnasium run's greedy evaluation (its one "fold")
+_GYM_COLUMNS = [("fold", "{}", "fold"), ("episodes", "{}", "episodes"),
+                ("mean_return", "{:.1f}", "mean return"), ("std_return", "{:.1f}", "std"),
+                ("min_return", "{:.1f}", "min"), ("max_return", "{:.1f}", "max"),
+                ("steps", "{}", "steps"), ("nonfinite", "{}", "non-finite slots")]  # fmt: skip
+#: the dated plots of a market run, in the report's order
+_MARKET_PLOTS = ("equity_pooled.png", "drawdowns.png", "positions.png", "equity.png")
+
+
+class ReportError(ValueError):
+    """The run directory lacks what a report is built from."""
+
+
+def run_identity(argv: list[str] | None = None) -> dict[str, Any]:
+    """What produced a run: trimtab's version, the commit of its source
+    (:func:`trimtab._source.source_commit`: ``TRIMTAB_COMMIT``, or the git checkout's ``HEAD``,
+    ``-dirty`` with uncommitted changes to the package) and the command line."""
+    import shlex
+    import sys
+
+    from trimtab import __version__
+    from trimtab._source import source_commit
+
+    commit = source_commit()  # None: an installed wheel, or no git; the version says enough
+    argv = sys.argv if argv is None else argv
+    return {"version": __version__, "commit": commit, "command": shlex.join(argv)}
+
+
+def _market(summary: dict[str, Any]) -> bool:
+    return not str(summary.get("env", "market")).startswith("gym:")
+
+
+def _gym_table(summary: dict[str, Any]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, _, h in _GYM_COLUMNS)
+    body = []
+    for f in summary.get("folds", []):
+        cells = []
+        for c, fmt, _ in _GYM_COLUMNS:
+            v = f.get(c)
+            text = "" if c not in f else "undefined" if v is None else fmt.format(v)
+            cells.append(f"<td>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _figures(paths: list[Path | None]) -> str:
+    return "".join(
+        f'<figure><img src="plots/{p.name}" alt="{p.stem}"></figure>' for p in paths if p
+    )
+
+
+def _sentinel(run: Path) -> str:
+    sp = run / "sentinel.json"
+    if not sp.is_file():
+        return ""
+    fired = json.loads(sp.read_text()).get("fired", [])
+    if not fired:
+        return "<h2>Sentinel</h2><p>No slot fired.</p>"
+    rows = "".join(
+        f"<tr><td>{html.escape(str(r.get('name')))}</td><td>{r.get('phase')}</td>"
+        f"<td>{r.get('step')}</td><td>{r.get('kind')}</td><td>{r.get('value')}</td></tr>"
+        for r in fired
+    )
+    return (
+        "<h2>Sentinel: first firings</h2><table><tr><th>slot</th><th>phase</th>"
+        f"<th>step</th><th>kind</th><th>value</th></tr>{rows}</table>"
+    )
+
+
+def _identity(run: Path, summary: dict[str, Any]) -> str:
+    who = summary.get("identity") or {}
+    commit = f" (commit {who['commit']})" if who.get("commit") else ""
+    config = run / "config.toml"
+    config_html = (
+        f"<details><summary>config.toml</summary><pre>{html.escape(config.read_text())}</pre>"
+        "</details>"
+        if config.is_file()
+        else ""
+    )
+    halted = summary.get("halted")
+    status = (
+        f"<p class=bad>Halted: {html.escape(str(halted))}</p>"
+        if halted
+        else "<p>Completed every fold.</p>"
+    )
+    return (
+        f"<p>Seed <b>{html.escape(str(summary.get('seed', '?')))}</b>. trimtab "
+        f"{html.escape(str(who.get('version', '?')))}{html.escape(commit)}. "
+        f"{html.escape(str(summary.get('seconds', '?')))} s. Command: "
+        f"<code>{html.escape(str(who.get('command', '?')))}</code></p>{config_html}{status}"
+    )
+
+
+def _warnings(summary: dict[str, Any]) -> str:
+    """Every data warning, then the data's issues as a table (where there are any)."""
+    lines = summary.get("data_warnings") or []
+    issues = summary.get("data_issues") or []
+    if not lines and not issues:
+        return "<p>Data: no warnings.</p>"
+    items = "".join(f"<li>{html.escape(str(w))}</li>" for w in lines)
+    out = f"<div class=warn><h2>Data warnings</h2><ul>{items}</ul>"
+    if issues:
+        keys = ("kind", "asset", "first", "last", "message")
+        rows = [[str(i.get(k, "")) for k in keys] for i in issues]
+        out += html_table(keys, rows)
+    return out + "</div>"
+
+
+def _pooled(summary: dict[str, Any], note: str | None) -> str:
+    if not summary.get("oos"):
+        return (
+            "<h2>Pooled out of sample</h2><p>This run has no pooled out-of-sample result "
+            "(written before trimtab pooled its folds, or no fold finished): see the folds "
+            "below.</p>"
+        )
+    oos = summary["oos"]
+    out = (
+        f"<h2>Pooled out of sample: {oos.get('days', '?')} bars, "
+        f"{html.escape(str(oos.get('start', '?')))} … {html.escape(str(oos.get('end', '?')))}"
+        "</h2><p>Every strategy on the same days, fills and costs; max DD of the whole "
+        "curve.</p>" + html_table(POOLED_HEAD, pooled_rows(summary))
+    )
+    if summary.get("vs_baselines"):
+        out += "<h3>Agent minus each baseline, paired by day</h3>" + html_table(
+            PAIRED_HEAD, paired_rows(summary)
+        )
+    for line in (random_line(summary), breakeven_line(summary)):
+        out += f"<p>{html.escape(line)}</p>" if line else ""
+    return out + (f"<p class=bad>{html.escape(note)}</p>" if note else "")
+
+
+def _market_body(run: Path, summary: dict[str, Any], plots: Path) -> str:
+    figs, note = market_figures(run, summary)
+    paths = []
+    for name in _MARKET_PLOTS:
+        if name in figs:
+            figs[name].savefig(plots / name, dpi=110)
+            paths.append(plots / name)
+    costs = cost_line(summary)
+    cls = " class=optimistic" if "OPTIMISTIC" in costs else ""
+    said = verdict(summary)
+    folds = html_table(FOLD_HEAD, fold_rows(summary), flag_col=len(FOLD_HEAD) - 1)
+    return (
+        f"<p{cls}>{html.escape(costs)}. Sharpe: annualised mean over standard deviation of "
+        "the bars' net returns in excess of cash.</p>"
+        + (f"<p class=verdict>{html.escape(said)}</p>" if said else "")
+        + _warnings(summary)
+        + _pooled(summary, note if summary.get("oos") else None)
+        + f"<h2>Out-of-sample plots</h2>{_figures(paths)}"
+        + f"<h2>Out-of-sample results per fold</h2>{folds}"
+    )
+
+
+def build_report(run_dir: str | Path) -> Path:
+    """Write ``plots/*.png`` and ``report.html`` in ``run_dir``; return the HTML path."""
+    run = Path(run_dir)
+    summary_path = run / "summary.json"
+    if not summary_path.is_file():
+        raise ReportError(
+            f"{run} has no summary.json: it is not a finished trimtab run directory "
+            "(a run that was interrupted has none; resume it with `trimtab train --resume`)"
+        )
+    summary = json.loads(summary_path.read_text())
+    plots = run / "plots"
+    plots.mkdir(exist_ok=True)
+    training: list[Path | None] = []
+    metrics_path = run / "metrics.csv"
+    if metrics_path.is_file() and metrics_path.stat().st_size > 0:
+        metrics = _read_csv(metrics_path)
+        training = [plot_prefix(metrics, p, plots) for p in PREFIXES]
+    title = html.escape(run.name)
+    env = (
+        f"<p>Environment: <b>{html.escape(str(summary.get('env', 'market')))}</b>. "
+        f"Stability mode: <b>{html.escape(str(summary.get('stability')))}</b>.</p>"
+    )
+    if _market(summary):
+        body = (
+            _market_body(run, summary, plots)
+            + "<h2>Training diagnostics</h2>"
+            + (_figures(training) or "<p>No training metrics logged (no metrics.csv).</p>")
+            + _sentinel(run)
+        )
+    else:  # a Gymnasium run: its evaluation, the sentinel, the training plots
+        body = (
+            f"<h2>Greedy evaluation</h2>{_gym_table(summary)}{_sentinel(run)}"
+            f"<h2>Plots</h2>{_figures(training)}"
+        )
+    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>trimtab run {title}</title>
+<style>{_CSS}</style>
+</head><body><h1>trimtab run: {title}</h1>
+{env}{_identity(run, summary)}{body}
+</body></html>
+"""
+    out = run / "report.html"
+    atomic_write_text(out, doc)
+    return out

@@ -1,0 +1,449 @@
+"""``trimtab train``: one loop for every environment, read top to bottom like CleanRL's.
+
+Per fold of an environment adapter (walk-forward market folds, or one Gymnasium "fold"): act,
+env step, scale the reward, store, sample, learn, log, checkpoint; at the fold's end, evaluate
+the greedy policy. Seeding, logging, checkpoints, resume, halting and the summary live here
+once; every learning step goes through :mod:`trimtab.rl.agent.learner`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trimtab.lifecycle import Lifecycle
+from trimtab.rl.agent.learner import Learner, build_learner
+from trimtab.rl.config import TrainConfig
+from trimtab.rl.configio import ConfigError
+from trimtab.rl.envs.protocol import EnvAdapter, FoldPlan
+from trimtab.rl.envs.registry import make_adapter
+from trimtab.rl.report.build import build_report, run_identity
+from trimtab.rl.run import checkpoint as ckpt
+from trimtab.rl.run.collect import Collector
+from trimtab.rl.run.ddp import NullLog, Ranks, fold_state_for
+from trimtab.rl.run.memory import check_memory, is_out_of_memory, out_of_memory
+from trimtab.rl.run.rundir import (
+    MetricsLog,
+    Progress,
+    RunDirError,
+    RunInterrupted,
+    TrainingHalted,
+    TrainingInterrupted,
+    default_out,
+    load_checkpoint,
+    prepare_run_dir,
+    resolve_device,
+    save_checkpoint,
+    write_fold_curve,
+)
+
+__all__ = ["fold_seeds", "train"]
+
+#: metrics.csv columns of the learner's info dict (those the learner returns)
+_INFO_COLUMNS = {"loss/total": "loss", "loss/c51": "c51_loss", "loss/iqn": "iqn_loss",
+                 "q_mean": "q_mean"}  # fmt: skip
+
+
+def fold_seeds(seed: int, fold: int) -> tuple[int, int]:
+    """The seeds of fold ``fold`` of a run seeded ``seed``: its envs, and its replay sampling.
+    (``run.seed`` also seeds torch, the agent and, unless ``data.market_seed``, the market.)"""
+    return seed * 1009 + fold, seed * 7919 + fold
+
+
+def captures_collection(cfg: TrainConfig, adapter: EnvAdapter, device: torch.device) -> bool:
+    """Whether a fold's collection is captured in a CUDA graph: on a CUDA device, with envs
+    that live there (market, ``env.impl = "torch"``), unless ``run.cuda_graph = "off"``."""
+    return cfg.run.cuda_graph != "off" and device.type == "cuda" and adapter.on_device
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    checkpoint: str | Path | None = None,
+    stop_after: int | None = None,
+    setup: Callable[[Learner], None] | None = None,
+    ranks: Ranks | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) a training run on ``cfg.env.name``; returns the summary written to disk.
+
+    ``ranks``: this process's place in a multi-process run (:mod:`trimtab.rl.run.ddp`; ``cfg`` is
+    then :meth:`Ranks.config`'s): DDP on the agent, rank 0 alone writes the run directory.
+
+    ``resume`` continues from ``checkpoint`` (default ``RUN_DIR/checkpoints/last.pt``; a fold
+    checkpoint of the same run restarts after that fold); a run stopped before its first
+    checkpoint starts over in place. A finished run is left as it is.
+    ``stop_after`` (raise :class:`TrainingInterrupted` at the end of the batched env step in
+    which that many gradient steps are done) and ``setup`` (called with the built
+    :class:`~trimtab.rl.agent.learner.Learner`) are test hooks.
+    """
+    if not cfg.run.out:
+        cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
+    if ranks is not None:  # rank 0's default name (it holds the time) for every rank
+        cfg = replace(cfg, run=replace(cfg.run, out=ranks.out(cfg.run.out)))
+    entered = time.perf_counter()  # summary["timings"]: where a run's wall time goes
+    device = resolve_device(cfg.run.device)
+    torch.set_num_threads(cfg.run.threads)
+    adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
+    for warning in adapter.summary([]).get("data_warnings", []):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    try:  # a config that cannot fit: one line with the estimate, before any run dir
+        parts = check_memory(cfg, adapter, device)
+    except ConfigError:
+        adapter.close()
+        raise
+    # locked until this run ends (several processes: by rank 0)
+    run_dir, lock = prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
+    try:
+        return _run(
+            cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks, entered
+        )
+    except (MemoryError, RuntimeError) as e:  # out of memory: one line naming the keys to lower
+        if not is_out_of_memory(e):
+            raise
+        raise out_of_memory(e, parts, device, run_dir) from None
+    except KeyboardInterrupt as e:  # before the loop (setting up): say where, and what next
+        if isinstance(e, RunInterrupted):
+            raise
+        raise RunInterrupted(
+            f"interrupted before training started; continue with `trimtab train --resume {run_dir}`"
+        ) from None
+    finally:
+        adapter.close()
+        lock.release()
+
+
+def _run(
+    cfg: TrainConfig,
+    adapter: EnvAdapter,
+    run_dir: Path,
+    device: torch.device,
+    resume: bool,
+    checkpoint: str | Path | None,
+    stop_after: int | None,
+    setup: Callable[[Learner], None] | None,
+    ranks: Ranks | None,
+    entered: float,
+) -> dict[str, Any]:
+    main = ranks is None or ranks.is_main  # who writes the run directory
+    identity = run_identity()  # the source this process runs (the tree may change meanwhile)
+    torch.manual_seed(cfg.run.seed)
+    with Lifecycle() as life:
+        learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
+    if ranks is not None:
+        ranks.wrap(learner)  # DDP on the agent; bounds and flags reduced over the ranks
+    if setup is not None:
+        setup(learner)
+    prog, fold_state = Progress(), None
+    path = None if checkpoint is None else Path(checkpoint)
+    if resume and path is None and not (run_dir / "checkpoints" / "last.pt").is_file():
+        print(f"{run_dir} has no checkpoint yet: starting it over", file=sys.stderr, flush=True)
+    elif resume:
+        prog, fold_state = load_checkpoint(run_dir, learner, path)
+        fold_state = fold_state_for(fold_state, ranks, path or "last.pt")  # this rank's part
+        if prog.fold >= adapter.n_folds:  # nothing to do: write nothing
+            summary_path = run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+            print(f"{run_dir} is a finished run ({prog.fold} folds, {prog.global_step} steps); "
+                  "nothing to resume, nothing changed", flush=True)  # fmt: skip
+            return {**summary, "run_dir": str(run_dir), "folds": prog.fold_rows}
+    purge = prog.global_step if resume else None  # 0: all rows
+    log = MetricsLog(run_dir, purge_step=purge) if main else NullLog()
+    if main:
+        with (run_dir / "run.log").open("a") as fh:
+            fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
+            fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
+    halted: str | None = None
+    looping = time.perf_counter()
+    try:
+        while prog.fold < adapter.n_folds:
+            if prog.fold_step == 0 and prog.env_steps == 0 and prog.fold > 0:
+                life.fold_boundary()  # moments, target nets, slots, sentinel: all together
+            plan = adapter.plan(prog.fold)
+            halted = _train_fold(cfg, adapter, plan, learner, prog, log, run_dir, fold_state,
+                                 stop_after, ranks)  # fmt: skip
+            fold_state = None
+            if halted:
+                break
+            # evaluate the greedy policy (market: out of sample on the next window)
+            row, curves = adapter.evaluate(learner.agent, plan.index)
+            row.update(steps=prog.fold_step, nonfinite=learner.nonfinite_count())
+            prog.fold_rows.append(row)
+            if curves is not None and main:
+                write_fold_curve(run_dir, plan.index, curves)
+            _print_fold(row, cfg.run.progress and main)
+            prog.fold += 1
+            prog.fold_step = prog.env_steps = 0
+            if main:
+                save_checkpoint(run_dir, cfg, learner, prog, fold_end=plan.index,
+                                normalizer=adapter.normalizer_state())  # fmt: skip
+    except KeyboardInterrupt:
+        redo = prog.global_step - prog.saved_step
+        raise RunInterrupted(
+            f"interrupted at step {prog.global_step}; continue with `trimtab train --resume "
+            f"{run_dir}` (it redoes the {redo} step(s) since the last checkpoint, step "
+            f"{prog.saved_step})"
+        ) from None
+    except OSError as e:  # a full disk while logging: the checkpoints are atomic, so intact
+        raise RunDirError(
+            f"writing to {run_dir} failed at step {prog.global_step}: {e.strerror or e}; the "
+            f"last good checkpoint (step {prog.saved_step}) is kept: free space, then "
+            f"`trimtab train --resume {run_dir}`"
+        ) from None
+    finally:
+        log.close()
+    summary = {
+        "run_dir": str(run_dir),
+        "env": cfg.env.name,
+        "folds": prog.fold_rows,
+        "halted": halted,
+        "stability": cfg.run.stability,
+        # the bounds' cadence as resolved on this device (run.measure_every "auto": 8 on the
+        # CPU, 1 on CUDA); None where nothing is measured
+        "measure_every": learner.stability.measure_every
+        if cfg.run.stability == "adaptive"
+        else None,
+        "seed": cfg.run.seed,
+        "identity": identity,
+        "device": str(device),
+        "env_steps": prog.global_env_steps,
+        "updates": prog.global_step,
+        "seconds": round(prog.elapsed(), 1),
+        "fold_boundary": life.describe(),
+        # the market's pooled backtest reads the folds' curves back from the run directory
+        **adapter.summary(prog.fold_rows, run_dir if main else None),
+    }
+    if ranks is not None:  # env steps and updates above are per rank (rank 0's envs)
+        summary["world_size"] = ranks.world_size
+    # This process's wall time by part: data and env, the learner (CUDA set-up included) and
+    # the run directory; the loop (training, evaluation, checkpoints); the report. What it
+    # spent before train() (interpreter, imports) is the rest of its wall time.
+    timings = {"setup_s": looping - entered, "loop_s": time.perf_counter() - looping}
+    summary["timings"] = {k: round(v, 2) for k, v in timings.items()}
+    if main:
+        ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
+        ckpt.atomic_write_json(run_dir / "summary.json", summary)
+        t0 = time.perf_counter()
+        build_report(run_dir)
+        summary["timings"]["report_s"] = round(time.perf_counter() - t0, 2)
+        ckpt.atomic_write_json(run_dir / "summary.json", summary)
+    if halted:
+        raise TrainingHalted(halted)
+    return summary
+
+
+def _train_fold(
+    cfg: TrainConfig,
+    adapter: EnvAdapter,
+    plan: FoldPlan,
+    learner: Learner,
+    prog: Progress,
+    log: MetricsLog,
+    run_dir: Path,
+    fold_state: dict[str, Any] | None,
+    stop_after: int | None,
+    ranks: Ranks | None = None,
+) -> str | None:
+    """Train one fold to its plan; returns the sentinel's halt message, if it fired."""
+    agent, device = learner.agent, torch.device(cfg.run.device)
+    env_seed, sample_seed = fold_seeds(cfg.run.seed, plan.index)
+    obs = adapter.open_fold(plan.index, env_seed)
+    replay = agent.make_replay()  # a fresh buffer per fold (market features are renormalised)
+    generator = torch.Generator(device=device).manual_seed(sample_seed)
+    # act -> env step -> check -> store, one batched env step per call: captured in a CUDA graph
+    # where the envs live on a CUDA device (trimtab.rl.run.collect)
+    collector = Collector(agent, adapter, learner, replay, cfg.env.reward_scale,
+                          capture=captures_collection(cfg, adapter, device))  # fmt: skip
+    if fold_state is not None:  # resume mid-fold exactly where the checkpoint was written
+        adapter.load_state_dict(fold_state["env"])
+        replay.load_state_dict(fold_state["replay"])
+        generator.set_state(fold_state["generator"])
+        obs = fold_state["obs"].to(device)
+        collector.load_episodes(fold_state["episodes"])
+    collector.start(obs, prog.global_env_steps)
+    main = ranks is None or ranks.is_main
+    bar = _bar(cfg, plan, prog.fold_step) if main else None
+    every = cfg.run.checkpoint_every
+    while not plan.done(prog.fold_step, prog.env_steps):
+        # collect: act (ε-greedy), env step, sentinel check of what the env returned, store in
+        # replay (rewards scaled by env.reward_scale; episode returns stay unscaled)
+        collector.step(prog.global_env_steps)
+        before = prog.env_steps
+        prog.env_steps += adapter.n_envs
+        prog.global_env_steps += adapter.n_envs
+        if prog.env_steps < plan.learning_starts:
+            continue
+        updates_before = prog.global_step
+        for _ in range(adapter.updates_due(before, prog.env_steps)):
+            # sample, learn: one guarded gradient step (the learner owns every stability part)
+            # (captured on CUDA: the sample, the step and the priority update, one graph)
+            info = learner.learn_from(replay, generator, cfg.agent.batch_size)
+            prog.fold_step += 1
+            prog.global_step += 1
+            # check: the sentinel's flag, read on the host every run.check_every steps
+            halted = learner.poll()
+            if halted:
+                _close(bar)
+                return halted
+            # log: the one host read, with the sentinel's halt check
+            if prog.global_step % cfg.run.log_every == 0:
+                row = _log_row(prog, info, learner, collector.episodes())
+                collector.clear()
+                log.write(row)
+                halted = learner.halt_message()
+                if halted:
+                    _close(bar)
+                    return halted
+                _show(bar, row)
+            if bar is not None:
+                bar.update(1)
+            if plan.updates_done(prog.fold_step):
+                break
+        # checkpoint: between batched env steps, so that a resume starts at one
+        if prog.global_step // every > updates_before // every:
+            halted = learner.halt_message()  # no checkpoint holds a step after a fire
+            if halted:
+                _close(bar)
+                return halted
+            fold = {"env": adapter.state_dict(), "replay": replay.state_dict(),
+                    "generator": generator.get_state(), "obs": collector.obs.cpu(),
+                    "episodes": collector.episodes().cpu()}  # fmt: skip
+            if ranks is not None:  # every rank's, on rank 0 (each resumes its own)
+                fold = ranks.gather_fold_state(fold, learner)
+            if main:
+                save_checkpoint(run_dir, cfg, learner, prog, fold_state=fold)
+        if stop_after is not None and prog.global_step >= stop_after:
+            _close(bar)
+            raise TrainingInterrupted(f"stopped after {prog.global_step} steps (test hook)")
+    _close(bar)
+    return learner.halt_message()
+
+
+def _log_row(
+    prog: Progress, info: dict[str, torch.Tensor], learner: Learner, episodes: torch.Tensor
+) -> dict[str, float | None]:
+    values = {col: info[key] for col, key in _INFO_COLUMNS.items() if key in info}
+    values["episode_return"] = episodes[0] / episodes[1].clamp_min(1)
+    values["episodes"] = episodes[1]
+    values.update(learner.log_values())
+    host = torch.stack([v.detach().double().reshape(()) for v in values.values()]).cpu()
+    row: dict[str, float | None] = {"step": prog.global_step, "fold": prog.fold,
+                                    "env_steps": float(prog.global_env_steps)}  # fmt: skip
+    row.update({n: float(h) for n, h in zip(values, host.tolist())})
+    if row.pop("episodes") == 0:  # no episode ended in the interval: no return to report
+        row["episode_return"] = None
+    row["epsilon"] = learner.agent.epsilon(prog.global_env_steps)
+    return row
+
+
+class LineProgress:
+    """Progress as plain lines, for a stderr that is not a terminal (a log file, a scheduler's
+    capture): one line per tenth of the fold and at its end, where a tqdm bar would rewrite
+    itself hundreds of times a second into the file."""
+
+    def __init__(self, total: int, initial: int, desc: str, stream: Any = None) -> None:
+        self.total, self.n, self.desc = max(int(total), 1), int(initial), desc
+        self.stream = stream if stream is not None else sys.stderr
+        self.postfix: dict[str, str] = {}
+        self._next, self._printed, self._n0 = self._after(self.n), self.n, self.n
+        self._t0 = time.perf_counter()
+
+    def _after(self, n: int) -> int:
+        tenth = max(self.total // 10, 1)
+        return (n // tenth + 1) * tenth
+
+    def set_postfix(self, values: dict[str, str]) -> None:
+        self.postfix = dict(values)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n >= self._next:
+            self._next = self._after(self.n)
+            self._line()
+
+    def _line(self) -> None:
+        self._printed = self.n
+        rate = (self.n - self._n0) / max(time.perf_counter() - self._t0, 1e-9)
+        extra = "".join(f"  {k}={v}" for k, v in self.postfix.items())
+        print(f"{self.desc}: {self.n}/{self.total} steps ({100 * self.n // self.total}%, "
+              f"{rate:.0f} steps/s){extra}", file=self.stream, flush=True)  # fmt: skip
+
+    def close(self) -> None:  # the fold's last count, unless that line was just printed
+        if self.n != self._printed:
+            self._line()
+
+
+def _bar(cfg: TrainConfig, plan: FoldPlan, initial: int) -> Any:
+    if not cfg.run.progress:
+        return None
+    if not sys.stderr.isatty():  # a file: a line per tenth, not a redrawn bar
+        return LineProgress(plan.expected_updates, initial, f"fold {plan.index}")
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=plan.expected_updates, initial=initial, desc=f"fold {plan.index}",
+        unit="step", dynamic_ncols=True, leave=True,
+    )  # fmt: skip
+
+
+def _show(bar: Any, row: dict[str, float | None]) -> None:
+    if bar is not None:
+        shown = {"loss": "loss/total", "ret": "episode_return", "bound": "bound/support"}
+        values = {k: row.get(c) for k, c in shown.items()}
+        bar.set_postfix({k: f"{v:.3g}" for k, v in values.items() if v is not None})
+
+
+def _close(bar: Any) -> None:
+    if bar is not None:
+        bar.close()
+
+
+def _sharpe(value: float | None) -> str:
+    return "undefined (prices do not move)" if value is None else f"{value:+.2f}"
+
+
+def _flags(row: dict[str, Any]) -> str:
+    """What makes a fold's numbers untrustworthy, said next to them."""
+    out = ""
+    flags = row.get("data_flags") or []
+    if flags:
+        more = f" (+{len(flags) - 3} more)" if len(flags) > 3 else ""
+        out += f"  [! data: {'; '.join(flags[:3])}{more} -- check the data]"
+    if row.get("extreme_moves"):  # a summary written before data_flags
+        out += f"  [! test window earns {len(row['extreme_moves'])} extreme one-day move(s): "
+        out += "; ".join(row["extreme_moves"][:3]) + " -- check the data]"
+    if row.get("ruin"):
+        out += f"  [! ruin on {row['ruin']}: the portfolio lost everything]"
+    if row.get("optimistic"):
+        out += "  [OPTIMISTIC: filled at the close that was just seen]"
+    return out
+
+
+def _print_fold(row: dict[str, Any], show: bool) -> None:
+    if not show:
+        return
+    if "sharpe" in row:
+        from trimtab.rl.report.tables import best_baseline, label  # (this function's own)
+
+        best = best_baseline(row)
+        other = f", best baseline {label(best[0])} {_sharpe(best[1])}" if best else ""
+        print(
+            f"fold {row['fold']} test {row['test_start']}..{row['test_end']}: "
+            f"Sharpe {_sharpe(row['sharpe'])} vs buy & hold {_sharpe(row['buy_hold_sharpe'])}"
+            f"{other}; return {row['total_return']:+.1%} (B&H {row['buy_hold_return']:+.1%}), "
+            f"max DD {row['max_drawdown']:.1%}, turnover {row['turnover']:.3f}" + _flags(row),
+            flush=True,
+        )
+    else:
+        print(
+            f"greedy evaluation: {row['episodes']} episodes, mean return "
+            f"{row['mean_return']:.1f} ± {row['std_return']:.1f}",
+            flush=True,
+        )

@@ -1,0 +1,92 @@
+"""Fills and costs (trimtab.rl.backtest.execution) as the env charges them: each execution
+against a hand computation, same_close vs next_open differing exactly by the fill, financing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from trimtab.rl.backtest.execution import Costs, Fills, fill_returns, step_log_return
+from trimtab.rl.envs.trading import BatchedTradingEnv, evaluate
+
+# two bars after bar 0, one asset: close 100 -> 110 -> 99, opens 104 and 108
+OPEN = np.array([[100.0], [104.0], [108.0]])
+CLOSE = np.array([[100.0], [110.0], [99.0]])
+LOGR = np.vstack([[0.0], np.diff(np.log(CLOSE), axis=0)])
+
+
+def _run(execution: str, actions: list[int], costs: Costs | float = 0.0) -> np.ndarray:
+    fills = fill_returns(LOGR, OPEN, CLOSE, execution)
+    feats = np.zeros((3, 1, 1))
+    ev = evaluate(feats, fills, np.array(actions).reshape(-1, 1), costs=costs, start=0, end=2)
+    return ev.log_returns
+
+
+def test_fill_returns_split_the_bar_at_the_open():
+    f = fill_returns(LOGR, OPEN, CLOSE, "next_open")
+    np.testing.assert_allclose(f.pre[1:, 0], np.log([104 / 100, 108 / 110]))
+    np.testing.assert_allclose(f.post[1:, 0], np.log([110 / 104, 99 / 108]))
+    np.testing.assert_allclose(f.log_returns, LOGR)
+    assert fill_returns(LOGR, OPEN, CLOSE, "same_close").pre.sum() == 0
+    assert fill_returns(LOGR, OPEN, CLOSE, "next_close").post.sum() == 0
+
+
+def test_each_execution_against_a_hand_computation():
+    # long on both decisions (action 2 = level +1), no costs
+    same = _run("same_close", [2, 2])
+    np.testing.assert_allclose(same, np.log([110 / 100, 99 / 110]))
+    nxt = _run("next_open", [2, 2])
+    # decision 0: flat overnight (0 -> 104 missed), long from the open 104 to the close 110
+    np.testing.assert_allclose(nxt, [math.log(110 / 104), math.log(99 / 110)])
+    late = _run("next_close", [2, 2])
+    np.testing.assert_allclose(late, [0.0, math.log(99 / 110)])
+
+
+def test_same_close_and_next_open_differ_exactly_by_the_fill():
+    # flat -> long -> short: the old position earns the overnight part under next_open
+    for actions in ([2, 0], [0, 2], [1, 2]):
+        levels = np.array([-1.0, 0.0, 1.0])[actions]
+        prev = np.concatenate([[0.0], levels[:-1]])
+        same, nxt = _run("same_close", actions), _run("next_open", actions)
+        gap = np.log(OPEN[1:, 0] / CLOSE[:-1, 0])
+        intra = np.log(CLOSE[1:, 0] / OPEN[1:, 0])
+        np.testing.assert_allclose(same, np.log1p(levels * np.expm1(LOGR[1:, 0])))
+        want = np.log1p(prev * np.expm1(gap)) + np.log1p(levels * np.expm1(intra))
+        np.testing.assert_allclose(nxt, want)
+
+
+def test_turnover_pays_commission_and_half_spread():
+    costs = Costs(commission_bps=2.0, half_spread_bps=3.0)
+    free, paid = _run("next_open", [2, 0]), _run("next_open", [2, 0], costs)
+    np.testing.assert_allclose(free - paid, [5e-4 * 1.0, 5e-4 * 2.0])  # enter 1, flip 2
+
+
+def test_flat_earns_the_cash_rate_and_a_short_pays_borrow():
+    costs = Costs(cash_pct=2.52, borrow_pct=5.04, periods_per_year=252)
+    zero = torch.zeros(1, 1)
+    flat = step_log_return(zero, zero, zero, zero, costs, True)
+    assert float(flat) == pytest.approx(math.log1p(1e-4))
+    short = -torch.ones(1, 1)
+    # short over the night: cash 1 + 1 (proceeds) earns 2 x 1e-4, the borrow fee 2e-4
+    held = step_log_return(short, short, zero, zero, costs, True)
+    assert float(held) == pytest.approx(math.log1p(2e-4 - 2e-4), abs=1e-12)
+
+
+def test_env_rewards_use_the_fills():
+    fills = fill_returns(LOGR, OPEN, CLOSE, "next_open")
+    env = BatchedTradingEnv(np.zeros((3, 1, 1)), fills, 1, 2, costs=0.0, dtype=torch.float64)
+    env.reset(starts=[0])
+    r = env.step(torch.tensor([[2]])).reward
+    assert float(r[0]) == pytest.approx(math.log(110 / 104))
+
+
+def test_bad_execution_and_costs_are_refused():
+    with pytest.raises(ValueError, match="execution"):
+        fill_returns(LOGR, OPEN, CLOSE, "at_vwap")
+    with pytest.raises(ValueError, match="borrow_pct"):
+        Costs(borrow_pct=float("nan"))
+    with pytest.raises(ValueError, match="execution"):
+        Fills(LOGR, LOGR, "whenever")
