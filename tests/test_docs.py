@@ -504,11 +504,7 @@ def test_every_trimtab_command_in_the_docs_parses_and_its_config_builds():
     """Each ``trimtab ...`` line of the README and the docs is accepted by the command line's
     parser, and each ``train`` line's config (its --set keys and values) builds."""
     from trimtab.cli import build_parser
-
-    try:  # the train command's module (trimtab.rl.run.cli once the trainer is in subpackages)
-        from trimtab.rl.run.cli import build_config
-    except ImportError:
-        from trimtab.rl.cli_train import build_config
+    from trimtab.rl.run.cli import build_config
 
     commands = _commands()
     assert len(commands) > 15
