@@ -175,7 +175,7 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
         base_curves["oracle"].append(
             run_levels(
                 bl.oracle_levels(edge, (-1, 0, 1), market.costs.per_turnover), market, start, end
-            )[0]  # fmt: skip
+            )[0]
         )
         for name, (idx, kind) in models.items():
 
