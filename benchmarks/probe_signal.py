@@ -5,9 +5,9 @@ window only and traded out of sample, net of the trainer's fills and costs.
     python benchmarks/probe_signal.py [--set KEY=VALUE ...] [--out FILE.json] [--key NAME]
 
 It uses the trainer's own pieces on the trainer's default config (``--set`` changes it, as
-``trimtab train --set`` does): :func:`trimtab.rl.walkforward.load_market` (features, next-open
-fills, costs), :func:`~trimtab.rl.walkforward.make_folds` and the per-fold normaliser
-(:func:`~trimtab.rl.walkforward.fold_arrays`), and the backtest's
+``trimtab train --set`` does): :func:`trimtab.rl.run.walkforward.load_market` (features, next-open
+fills, costs), :func:`~trimtab.rl.run.walkforward.make_folds` and the per-fold normaliser
+(:func:`~trimtab.rl.run.walkforward.fold_arrays`), and the backtest's
 :func:`~trimtab.rl.backtest.baselines.simulate` (the env's formula), so a probe's pooled
 out-of-sample Sharpe is computed as the agent's is: each fold's test window traded from the
 decision on the last training day, the folds' daily net returns concatenated, the Sharpe of
@@ -54,8 +54,8 @@ from trimtab.rl.backtest import stats
 from trimtab.rl.backtest.pooled import _oracle_edge
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import apply_overrides, from_dict
-from trimtab.rl.features import FEATURE_NAMES, FeatureNormalizer
-from trimtab.rl.walkforward import load_market, make_folds
+from trimtab.rl.data.features import FEATURE_NAMES, FeatureNormalizer
+from trimtab.rl.run.walkforward import load_market, make_folds
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "probe_signal.json"
@@ -126,7 +126,7 @@ def run_levels(levels: np.ndarray, market: Any, start: int, end: int) -> np.ndar
 
 def fold_data(market: Any, fold: Any, feats_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fold's features normalised with its training window's statistics (as
-    :func:`trimtab.rl.walkforward.fold_arrays`), and the targets ``y [T, A]``."""
+    :func:`trimtab.rl.run.walkforward.fold_arrays`), and the targets ``y [T, A]``."""
     norm = FeatureNormalizer().fit(feats_all[fold.train_start : fold.fit_end])
     pre, post = market.fills.pre, market.fills.post
     t_len = len(pre)
