@@ -140,7 +140,7 @@ def recorded_command(rec: dict) -> str | None:
 #: results file (its stem, or a prefix of it) -> the benchmark script that writes it
 SCRIPTS: dict[str, str] = {
     "agent_vs_baselines": "agent_vs_baselines",
-    "capture_parity": "tests/rl/test_learner_gpu.py",
+    "capture_parity": "tests/rl/agent/test_learner_gpu.py",
     "capture_probe": "probe_capture",
     "cartpole_ablation": "cartpole",
     "cartpole_weight_headroom": "cartpole",
@@ -156,6 +156,7 @@ SCRIPTS: dict[str, str] = {
     "ema": "bench_ema",
     "faults": "faults",
     "optim": "bench_optim",
+    "probe_signal": "probe_signal",
     "probe_cpu_paths": "probe_cpu_paths",
     "probe_histogram": "probe_histogram",
     "probe_warps": "probe_warps",
@@ -558,6 +559,13 @@ def _variants(text: str, data: dict) -> str:
 
 #: page -> (title, intro, results file stems in order); every results file sits on one page
 PAGES: dict[str, tuple[str, str, list[str]]] = {
+    "probes": (
+        "What the features expose",
+        "Supervised probes (ridge regressions, a small MLP) fitted on each training window and "
+        "traded out of sample with the trainer's fills and costs: how much of the oracle's "
+        "Sharpe the agent's features allow, beside what the agent reaches.",
+        ["probe_signal"],
+    ),
     "default-run": (
         "The default run on a GPU",
         "Wall time and fold tables of the default `trimtab train` on an H200, and the older "
