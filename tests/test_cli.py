@@ -52,3 +52,16 @@ def test_a_missing_trainer_dependency_is_one_line(tmp_path):
     assert "needs the trainer's dependencies (tomli_w is not installed)" in err, err
     assert "pip install 'trimtab[train]'" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_building_the_parser_imports_no_torch():
+    """`trimtab --version`, `--help` and a typo answer at once: the parser, its help defaults
+    included, is built without importing torch or the config."""
+    code = (
+        "import sys\n"
+        "from trimtab.cli import build_parser\n"
+        "build_parser()\n"
+        "assert 'torch' not in sys.modules and 'trimtab.rl.config' not in sys.modules, "
+        "sorted(m for m in sys.modules if m.startswith(('torch', 'trimtab')))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 0
-    from trimtab.rl.run.cli import user_errors
+    from trimtab.rl.run.cli import TRAINER_DEPENDENCIES, user_errors
 
     terminated: list[int] = []
 
@@ -99,11 +99,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-#: what ``pip install 'trimtab[train]'`` adds to the library's torch, numpy and Triton
-TRAINER_DEPENDENCIES = ("gymnasium", "pandas", "pyarrow", "matplotlib", "tensorboard", "tqdm",
-                        "tomli_w", "tomli")  # fmt: skip
 
 
 def _halted() -> type[BaseException]:

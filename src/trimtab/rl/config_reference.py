@@ -66,12 +66,6 @@ def _allowed(tp: Any) -> list[Any] | None:
     return values or None
 
 
-def _plain(value: Any) -> Any:
-    from trimtab.rl.configio import to_dict
-
-    return to_dict(value)
-
-
 def reference(device: str = "cpu") -> list[dict[str, Any]]:
     """One entry per config key, in the order of the config file's sections: ``key``
     ("agent.lr"), ``type``, ``default`` (as written in the dataclass: ``"auto"`` where the
@@ -79,7 +73,7 @@ def reference(device: str = "cpu") -> list[dict[str, Any]]:
     is not set), ``meaning`` (the field's comment) and ``allowed`` (a Literal's values, else
     None)."""
     from trimtab.rl.config import TrainConfig
-    from trimtab.rl.configio import from_dict
+    from trimtab.rl.configio import from_dict, to_dict
 
     resolved = from_dict(TrainConfig, {"run": {"device": device}})
     out = []
@@ -94,8 +88,8 @@ def reference(device: str = "cpu") -> list[dict[str, Any]]:
             out.append({
                 "key": f"{section.name}.{f.name}",
                 "type": _type_name(hints[f.name]),
-                "default": _plain(default),
-                "device_default": _plain(getattr(getattr(resolved, section.name), f.name)),
+                "default": to_dict(default),
+                "device_default": to_dict(getattr(getattr(resolved, section.name), f.name)),
                 "meaning": comments.get(f.name, ""),
                 "allowed": _allowed(hints[f.name]),
             })  # fmt: skip

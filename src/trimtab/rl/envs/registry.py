@@ -14,12 +14,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trimtab.rl.configio import ConfigError
-from trimtab.rl.envs.protocol import EnvAdapter
+
+if TYPE_CHECKING:  # annotations only: the config imports this module, the CLI the config
+    import torch
+
+    from trimtab.rl.envs.protocol import EnvAdapter
 
 __all__ = ["EnvKind", "env_kind", "env_kinds", "make_adapter", "register_env_kind"]
 

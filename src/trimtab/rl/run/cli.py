@@ -9,18 +9,9 @@ from typing import Any
 
 from trimtab.rl.configio import ConfigError, apply_overrides, from_dict, load_toml
 from trimtab.rl.envs.registry import env_kind
-from trimtab.rl.help_format import DefaultsFormatter
+from trimtab.rl.help_format import DefaultsFormatter, config_flag
 
-__all__ = ["add_commands", "user_errors"]
-
-
-def _default(key: str) -> str:
-    """``(config KEY, default VALUE)`` for a flag that sets config key ``KEY``."""
-    from trimtab.rl.config import TrainConfig
-
-    section, name = key.split(".")
-    value = getattr(getattr(TrainConfig(), section), name)
-    return f" (config {key}; default {value})"
+__all__ = ["TRAINER_DEPENDENCIES", "add_commands", "user_errors"]
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -58,8 +49,8 @@ def add_commands(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="override one config value, e.g. --set agent.lr=3e-4 (repeatable)",
     )
-    p.add_argument("--device", help="cpu | cuda | cuda:N" + _default("run.device"))
-    p.add_argument("--seed", type=int, help="the agent's and the envs' seed" + _default("run.seed"))
+    config_flag(p, "--device", key="run.device", help="cpu | cuda | cuda:N")
+    config_flag(p, "--seed", key="run.seed", type=int, help="the agent's and the envs' seed")
     p.add_argument(
         "--seeds",
         nargs="+",
@@ -77,26 +68,17 @@ def add_commands(sub: Any) -> None:
         "--cpus", type=int, help="with --seeds: CPUs of the local Ray instance (default: all)"
     )
     p.add_argument("--data", nargs="+", metavar="PATH", help="OHLCV CSV/Parquet files or folders")
-    p.add_argument(
-        "--env", help="market or gym:ENV_ID, e.g. gym:CartPole-v1" + _default("env.name")
-    )
-    p.add_argument("--folds", type=int, help="walk-forward folds" + _default("walkforward.folds"))
-    p.add_argument(
-        "--steps-per-fold", type=int,
-        help="gradient steps per fold" + _default("walkforward.steps_per_fold"),
-    )  # fmt: skip
-    p.add_argument(
-        "--stability", choices=["adaptive", "fixed", "off"],
-        help="the stability mode" + _default("run.stability"),
-    )  # fmt: skip
-    p.add_argument(
-        "--on-nonfinite", choices=["halt", "skip", "sanitize"],
-        help="what a NaN/Inf the sentinel finds does" + _default("run.on_nonfinite"),
-    )  # fmt: skip
-    p.add_argument(
-        "--autocast", choices=["none", "bf16", "fp16"],
-        help="forward passes in this precision" + _default("run.autocast"),
-    )  # fmt: skip
+    config_flag(p, "--env", key="env.name", help="market or gym:ENV_ID, e.g. gym:CartPole-v1")
+    config_flag(p, "--folds", key="walkforward.folds", type=int, help="walk-forward folds")
+    config_flag(p, "--steps-per-fold", key="walkforward.steps_per_fold", type=int,
+                help="gradient steps per fold")  # fmt: skip
+    config_flag(p, "--stability", key="run.stability", choices=["adaptive", "fixed", "off"],
+                help="the stability mode")  # fmt: skip
+    config_flag(p, "--on-nonfinite", key="run.on_nonfinite",
+                choices=["halt", "skip", "sanitize"],
+                help="what a NaN/Inf the sentinel finds does")  # fmt: skip
+    config_flag(p, "--autocast", key="run.autocast", choices=["none", "bf16", "fp16"],
+                help="forward passes in this precision")  # fmt: skip
     p.add_argument(
         "--stress", action="store_true", help="the stress preset of the synthetic market"
     )
@@ -186,12 +168,20 @@ def config_data(args: argparse.Namespace) -> dict[str, Any]:
     return apply_overrides(data, args.overrides)
 
 
+#: what ``pip install 'trimtab[train]'`` adds to the library's torch, numpy and Triton (a
+#: command that misses one says so in one line: ``trimtab.cli``)
+TRAINER_DEPENDENCIES = ("gymnasium", "pandas", "pyarrow", "matplotlib", "tensorboard", "tqdm",
+                        "tomli_w", "tomli")  # fmt: skip
+#: the ones every run imports (a Gymnasium env, Parquet files, TensorBoard: only some runs)
+_EVERY_RUN = ("tomli_w", "tqdm", "matplotlib", "pandas")
+
+
 def _trainer_dependencies() -> None:
-    """Import what a run will need before it makes its run directory, so a missing one is a
-    one-line error (``trimtab.cli``) and no half-made run directory."""
+    """Import what every run needs before it makes its run directory, so a missing one is a
+    one-line error and no half-made run directory."""
     import importlib
 
-    for name in ("tomli_w", "tqdm", "matplotlib", "pandas"):
+    for name in _EVERY_RUN:
         importlib.import_module(name)
 
 

@@ -57,10 +57,11 @@ def evaluate_checkpoint(
     """
     given, path = Path(path), checkpoint_path(path)
     state = ckpt.load(path, fingerprint=None)
-    folds = sorted(given.glob("checkpoints/fold_*.pt"), key=lambda p: int(p.stem[5:] or 0))
-    if given.is_dir() and state.get("normalizer") is None and folds:
-        path = folds[-1]  # last.pt is mid-fold: the last finished fold's agent
-        state = ckpt.load(path, fingerprint=None)
+    if given.is_dir() and state.get("normalizer") is None:  # last.pt is mid-fold
+        folds = sorted(given.glob("checkpoints/fold_*.pt"), key=lambda p: int(p.stem[5:] or 0))
+        if folds:  # the last finished fold's agent
+            path = folds[-1]
+            state = ckpt.load(path, fingerprint=None)
     env_name = state.get("config", {}).get("env", {}).get("name", "market")
     if str(env_name).startswith("gym:"):
         raise ckpt.CheckpointError(

@@ -110,12 +110,11 @@ def check_memory(cfg: Any, adapter: EnvAdapter, device: torch.device) -> dict[st
     (:func:`estimate_bytes`) exceeds the memory ``device`` has free, naming the parts and the
     keys to lower; returns the estimate. Host envs count against the host's memory."""
     parts = estimate_bytes(cfg, adapter.obs_dim, adapter.branch_sizes, adapter.on_device)
-    on_device = {k: v for k, v in parts.items() if k != "envs" or adapter.on_device}
-    checks = [(device, on_device)]
-    if not adapter.on_device and device.type != "cpu":
-        checks.append((torch.device("cpu"), {"envs": parts["envs"]}))
-    elif not adapter.on_device:
-        checks = [(device, parts)]
+    checks = [(device, parts)]
+    if not adapter.on_device and device.type != "cpu":  # host envs beside a GPU's parts
+        host = {"envs": parts["envs"]}
+        checks = [(device, {k: v for k, v in parts.items() if k not in host}),
+                  (torch.device("cpu"), host)]  # fmt: skip
     for where, need in checks:
         have = available_bytes(where)
         total = sum(need.values())
