@@ -21,7 +21,6 @@ import torch
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.learner import Learner, build_learner
 from trimtab.rl.config import TrainConfig
-from trimtab.rl.configio import ConfigError
 from trimtab.rl.envs.protocol import EnvAdapter, FoldPlan
 from trimtab.rl.envs.registry import make_adapter
 from trimtab.rl.report.build import build_report, run_identity
@@ -94,13 +93,16 @@ def train(
     adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
     for warning in adapter.summary([]).get("data_warnings", []):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    try:  # a config that cannot fit: one line with the estimate, before any run dir
+    try:
+        # a config that cannot fit: one line with the estimate, before any run dir
         parts = check_memory(cfg, adapter, device)
-    except ConfigError:
+        # locked until this run ends (several processes: by rank 0)
+        run_dir, lock = (
+            prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
+        )
+    except BaseException:  # no run to close it at its end
         adapter.close()
         raise
-    # locked until this run ends (several processes: by rank 0)
-    run_dir, lock = prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
     try:
         return _run(
             cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks, entered
