@@ -147,6 +147,32 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys):
     assert before == after
 
 
+@pytest.mark.parametrize("lost", ["summary.json", "report.html"])
+def test_resume_after_training_writes_the_missing_summary_and_report(tmp_path, capsys, lost):
+    """A stop after the last checkpoint, while the summary or report was being written: the
+    resume writes them (the same folds), rather than calling the run finished."""
+    out = tmp_path / "run"
+    first = train(cfg(out))
+    (out / lost).unlink()
+    assert _cli("--resume", str(out)) == 0
+    assert "writing its summary and report" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["folds"] == json.loads(json.dumps(first["folds"]))
+    assert (out / "report.html").is_file()
+
+
+def test_a_stop_while_writing_the_summary_says_resume_writes_it(tmp_path, monkeypatch):
+    from trimtab.rl.run import runner
+
+    def stop(run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "build_report", stop)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt, match=r"writing the summary and report.*--resume"):
+        train(cfg(out))
+
+
 def test_output_files_get_normal_permissions(tmp_path):
     out = tmp_path / "run"
     train(cfg(out))

@@ -150,12 +150,15 @@ def _run(
     elif resume:
         prog, fold_state = load_checkpoint(run_dir, learner, path)
         fold_state = fold_state_for(fold_state, ranks, path or "last.pt")  # this rank's part
-        if prog.fold >= adapter.n_folds:  # nothing to do: write nothing
-            summary_path = run_dir / "summary.json"
-            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary_path = run_dir / "summary.json"
+        written = summary_path.is_file() and (not main or (run_dir / "report.html").is_file())
+        if prog.fold >= adapter.n_folds and written:  # nothing to do: write nothing
+            summary = json.loads(summary_path.read_text())
             print(f"{run_dir} is a finished run ({prog.fold} folds, {prog.global_step} steps); "
                   "nothing to resume, nothing changed", flush=True)  # fmt: skip
             return {**summary, "run_dir": str(run_dir), "folds": prog.fold_rows}
+        if prog.fold >= adapter.n_folds:  # stopped while writing its summary or report
+            print(f"{run_dir} finished training: writing its summary and report", flush=True)
     purge = prog.global_step if resume else None  # 0: all rows
     log = MetricsLog(run_dir, purge_step=purge) if main else NullLog()
     if main:
@@ -201,6 +204,33 @@ def _run(
         ) from None
     finally:
         log.close()
+    try:
+        return _finish(cfg, adapter, learner, prog, life, run_dir, main, ranks, halted,
+                       identity, device, entered, looping)  # fmt: skip
+    except KeyboardInterrupt:
+        raise RunInterrupted(
+            f"interrupted while writing the summary and report; `trimtab train --resume "
+            f"{run_dir}` writes them"
+        ) from None
+
+
+def _finish(
+    cfg: TrainConfig,
+    adapter: EnvAdapter,
+    learner: Learner,
+    prog: Progress,
+    life: Lifecycle,
+    run_dir: Path,
+    main: bool,
+    ranks: Ranks | None,
+    halted: str | None,
+    identity: dict[str, Any],
+    device: torch.device,
+    entered: float,
+    looping: float,
+) -> dict[str, Any]:
+    """The run's summary, sentinel report and report, written once training is over (or
+    halted); a run stopped in here is finished by ``--resume``."""
     summary = {
         "run_dir": str(run_dir),
         "env": cfg.env.name,
