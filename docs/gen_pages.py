@@ -800,34 +800,17 @@ def _allowed(v: Any) -> str:
     return _cell(v)
 
 
-#: sections of the former README that config comments name, and where they are now
-README_SECTIONS = {
-    "Stability modes": "../guides/stability.md#stability-modes",
-    "Where a clamp binds": "../guides/stability.md#where-a-clamp-binds",
-    "Mixed precision": "../guides/stability.md#mixed-precision",
-    "Measuring every k-th step on the CPU": "../guides/stability.md"
-    "#measuring-every-k-th-step-on-the-cpu",
-    "Speed on the GPU": "../guides/stability.md#cuda-graphs",
-    "Defaults on a GPU": "../results/default-run.md",
-    "Execution and costs": "../guides/data.md#execution-and-costs",
-    "Reading the backtest": "../guides/walk-forward.md#what-the-backtest-computes",
-    "Features": "../guides/walk-forward.md#folds",
-    "Sweeps": "../guides/sweeps.md",
-    "Reward scale": "../results/stability.md",
-    "Sentinel thresholds": "../concepts/sentinel.md#thresholds",
-}
-_README_REF = re.compile(
-    r'README[:,]? "?(' + "|".join(re.escape(k) for k in README_SECTIONS) + r')"?'
-)
+#: how the code's comments cite a docs page: ``docs: guides/stability.md#where-a-clamp-binds``
+_DOCS_REF = re.compile(r"docs: ([a-z-]+/[a-z0-9-]+\.md(?:#[a-z0-9-]+)?)")
 
 
 def _cell(s: Any) -> str:
-    """A table cell of prose: no raw HTML (``<time>`` is text), pipes escaped, and the former
-    README's sections pointed at their pages."""
+    """A table cell of prose: no raw HTML (``<time>`` is text), pipes escaped, and the
+    docs pages the comments cite made links."""
     import html
 
     text = html.escape(str(s), quote=False).replace("|", "\\|").replace("\n", " ")
-    return _README_REF.sub(lambda m: f"[{m.group(1)}]({README_SECTIONS[m.group(1)]})", text)
+    return _DOCS_REF.sub(lambda m: f"[{m.group(1)}](../{m.group(1)})", text)
 
 
 # ----------------------------------------------------------------------------------------------

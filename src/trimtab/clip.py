@@ -72,8 +72,9 @@ class AdaptiveGradClip:
     window is not (past about 2% it is, by the quantile's definition, the new quantile); and
     the bound never exceeds the largest norm actually seen.
 
-    The former rule clipped 5-18% of CartPole's steps, not 1% (README "Where a clamp binds";
-    ``tests/test_clip.py`` has both of its failures). Fed one 0/1 flag a step, the test's
+    The former rule clipped 5-18% of CartPole's steps, not 1%
+    (docs: guides/stability.md#where-a-clamp-binds; ``tests/test_clip.py`` has both of its
+    failures). Fed one 0/1 flag a step, the test's
     estimator took a rare isolated 1 for an outlier (it read a clip rate of 15% as 1%), and a
     raise went toward one step's norm, not a tail's. Folding the anchored quantile, which sits
     at ``b_t`` whenever it is held, gave the estimator a constant input whose noise it measured

@@ -92,7 +92,7 @@ class Adam(Checkpoints, ReferenceFinalize, TritonPath, torch.optim.Optimizer):
     every step. The measured p99 then sees those weights only as far as one step carries them
     past ``b``, so the bound can rise only as fast as the engagement test raises it, and the
     weights can grow no faster than that. On CartPole this held C51's cross-entropy at 3.5-3.6
-    at 100k steps, against 2.7-2.9 with no weight clamp (README "Reward scale"). At ``h > 1``
+    at 100k steps, against 2.7-2.9 with no weight clamp (docs: results/stability.md). At ``h > 1``
     the clamp binds only on weights ``h`` times past the measured p99 (an excursion), and the
     p99 follows the weights as they grow.
 

@@ -52,8 +52,9 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
 }
 CudaGraph = Literal["auto", "on", "off"]
 #: run.measure_every = "auto" on the CPU: learn steps per measurement
-#: of the adaptive bounds. Chosen by the CPU step's cost (README "Measuring every k-th step on
-#: the CPU": at 8 the adaptive step costs at most 1.3x off's), not by any return.
+#: of the adaptive bounds. Chosen by the CPU step's cost (at 8 the adaptive step costs at
+#: most 1.3x off's; docs: guides/stability.md#measuring-every-k-th-step-on-the-cpu), not by any
+#: return.
 CPU_MEASURE_EVERY = 8
 
 #: run.check_every's default: learn steps between host reads of the sentinel's flag (as
@@ -63,7 +64,7 @@ ABLATIONS = ("support", "target_clamp", "trunk_clamp", "grad_clip", "weight_clam
 
 
 #: The device profiles: the values that ``"auto"`` takes for the keys whose best value depends
-#: on the device (README "Defaults on a GPU"), resolved inside :class:`TrainConfig`, so a config
+#: on the device (docs: results/default-run.md), resolved inside :class:`TrainConfig`, so a config
 #: built in Python and one built by the CLI are the same run. On CUDA more envs are stepped at
 #: once (where the envs live on the device: the market, env.impl = "torch"; host Gymnasium envs
 #: gain nothing from more copies) and batches are larger: a batched env step and a learn step
@@ -99,7 +100,8 @@ class RunConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     seed: int = 0  # seeds the agent and the environments (the market has data.market_seed)
     out: str = ""  # run directory ("" = runs/<time>-<stability>-s<seed>); must be new or empty
-    stability: Stability = "adaptive"  # adaptive | fixed | off  (README: Stability modes)
+    # adaptive | fixed | off (docs: guides/stability.md#stability-modes)
+    stability: Stability = "adaptive"
     # what a non-finite value (NaN, ±Inf) that the sentinel finds does: "halt" the run with its
     # report naming the first bad tensor and step (exit 3), "skip" the update (weights and
     # optimizer state untouched, bit for bit), or "sanitize" (NaN/±Inf elements become 0)
@@ -108,7 +110,8 @@ class RunConfig:
     log_every: int = 50  # gradient steps between metrics.csv rows
     progress: bool = True  # tqdm progress bars per fold
     # adaptive mechanisms to switch off, for ablations: any of "support", "target_clamp",
-    # "trunk_clamp", "grad_clip", "weight_clamp", "decay" (README: Stability modes)
+    # "trunk_clamp", "grad_clip", "weight_clamp", "decay" (docs:
+    # guides/stability.md#stability-modes)
     ablate: tuple[str, ...] = ()
     # CPU threads for torch. 1 by default: the default net is small, and on a 2-core machine
     # two OpenMP threads competing with any other process slowed a step 50x (measured).
@@ -117,31 +120,31 @@ class RunConfig:
     # forwards) under torch.autocast: "none" (float32), "bf16" (float32's range, 8-bit
     # mantissa) or "fp16" (max 65504; no GradScaler, on purpose: the overflow people meet).
     # Weights, gradients, optimizer moments and the stability machinery stay float32.
-    # (README: Mixed precision)
+    # (docs: guides/stability.md#mixed-precision)
     autocast: Autocast = "none"
     # adaptive mode: the quantile of |x| every measured bound estimates (the C51 support and
     # target bound, the trunk bound, Adam's weight bound, the gradient clip's window); each
-    # bound's engagement test expects a fraction 1 - bound_quantile above it (README: Where a
-    # clamp binds)
+    # bound's engagement test expects a fraction 1 - bound_quantile above it (docs:
+    # guides/stability.md#where-a-clamp-binds)
     bound_quantile: float = 0.99
-    # adaptive mode: the trunk and target clamps bind at clamp_headroom x their measured bound
-    # (1: at the quantile itself, cutting 1 - bound_quantile of the values on every step; 2, the
-    # default: on excursions only, README "Where a clamp binds"); the support is the bound
-    # itself, and the engagement test counts exceedances of the bound
+    # adaptive mode: the trunk and target clamps bind at clamp_headroom x their measured bound (1:
+    # at the quantile itself, cutting 1 - bound_quantile of the values on every step; 2, the
+    # default: on excursions only, docs: guides/stability.md#where-a-clamp-binds); the support is
+    # the bound itself, and the engagement test counts exceedances of the bound
     clamp_headroom: float = 2.0
-    # adaptive mode: the gradient clip binds at clip_headroom x its measured bound (1, the
-    # default: at the bound, about 1 - bound_quantile of steps clipped; > 1: on excursions
-    # only); its engagement test counts the norms above the bound either way. An ablation of
-    # the open question in README "Where a clamp binds"; refused in the other modes.
+    # adaptive mode: the gradient clip binds at clip_headroom x its measured bound (1, the default:
+    # at the bound, about 1 - bound_quantile of steps clipped; > 1: on excursions only); its
+    # engagement test counts the norms above the bound either way. An ablation of the open question
+    # in docs: guides/stability.md#where-a-clamp-binds; refused in the other modes.
     clip_headroom: float = 1.0
-    # adaptive mode: Adam's weight clamp binds at weight_headroom x the group's measured p99
-    # |w| (2, the default: on excursions only; 1: at the p99, cutting the top 1% of the
-    # weights every step, which held CartPole's C51 loss up: README "Where a clamp binds");
-    # its engagement test counts the weights above the bound either way; refused elsewhere
+    # adaptive mode: Adam's weight clamp binds at weight_headroom x the group's measured p99 |w| (2,
+    # the default: on excursions only; 1: at the p99, cutting the top 1% of the weights every step,
+    # which held CartPole's C51 loss up: docs: guides/stability.md#where-a-clamp-binds); its
+    # engagement test counts the weights above the bound either way; refused elsewhere
     weight_headroom: float = 2.0
-    # The guarded learn step captured in a CUDA graph and replayed per step (README: Speed on
-    # the GPU): "auto" = on a CUDA device, eager on the CPU; "on" = capture (refused on the
-    # CPU); "off" = eager everywhere. Same numbers either way (tested on the GPU).
+    # The guarded learn step captured in a CUDA graph and replayed per step (docs:
+    # guides/stability.md#cuda-graphs): "auto" = on a CUDA device, eager on the CPU; "on" = capture
+    # (refused on the CPU); "off" = eager everywhere. Same numbers either way (tested on the GPU).
     cuda_graph: CudaGraph = "auto"
     # Gradient steps between the host reads of the sentinel's "did anything fire?" flag (also
     # read at each metrics row, before each checkpoint and at each fold end). Under "halt" a
@@ -153,7 +156,7 @@ class RunConfig:
     # step. "auto": CPU_MEASURE_EVERY on the CPU (where they cost about as much as the rest of
     # the step), 1 on CUDA (in a captured step they cost ~nothing; an eager GPU step keeps the
     # captured one's numbers). An integer > 1 needs an eager step (cuda_graph = "off" on
-    # CUDA). README: Measuring every k-th step on the CPU.
+    # CUDA). docs: guides/stability.md#measuring-every-k-th-step-on-the-cpu.
     measure_every: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
@@ -256,9 +259,9 @@ class EnvConfig:
     name: str = "market"  # "market", or "gym:ID" for a Gymnasium env (e.g. gym:CartPole-v1)
     # market only: target position per asset (short, flat, long)
     levels: tuple[float, ...] = (-1.0, 0.0, 1.0)
-    # market only: where a decision on the close of bar t is filled: "next_open" (the open of
-    # bar t+1), "next_close" (a whole bar late) or "same_close" (the close just seen: a price
-    # nobody could trade at, labelled optimistic in every table). README: Execution and costs
+    # market only: where a decision on the close of bar t is filled: "next_open" (the open of bar
+    # t+1), "next_close" (a whole bar late) or "same_close" (the close just seen: a price nobody
+    # could trade at, labelled optimistic in every table). docs: guides/data.md#execution-and-costs
     execution: Execution = "next_open"
     # market only, per unit of turnover (sum |dw|; a round trip of the whole book is 2): the
     # broker's commission and half the bid-ask spread (with slippage), in basis points. 5 bp
@@ -278,7 +281,8 @@ class EnvConfig:
     n_envs: int | Literal["auto"] = "auto"
     episode_days: int = 64  # trading days per training episode (market only)
     # market only: the per-asset features the agent observes, by name, from
-    # trimtab.rl.data.features.FEATURE_NAMES (README: Features); default the first 8
+    # trimtab.rl.data.features.FEATURE_NAMES, by default the first 8
+    # (docs: guides/walk-forward.md#folds)
     features: tuple[str, ...] = DEFAULT_FEATURES
     # Gymnasium envs only: "gymnasium" steps Gymnasium's own envs on the host; "torch" steps the
     # same dynamics as one batched torch env on the run's device (no host sync per step; the
@@ -347,7 +351,8 @@ class WalkForwardConfig:
 
 @dataclass(frozen=True)
 class BacktestConfig:
-    """The market's out-of-sample statistics and baselines (README: Reading the backtest)."""
+    """The market's out-of-sample statistics and baselines
+    (docs: guides/walk-forward.md#what-the-backtest-computes)."""
 
     # draws of the turnover-matched random strategy (the agent's percentile among them)
     random_draws: int = 200

@@ -246,3 +246,12 @@ def test_each_folds_printed_line_names_buy_and_hold_the_best_baseline_and_its_fl
     assert "ruin on 2019-09-03" in line and "[OPTIMISTIC: filled at the close" in line
     _print_fold(row, False)
     assert capsys.readouterr().out == ""
+
+
+def test_the_command_line_reads_as_typed():
+    from trimtab.rl.report.build import command_line
+
+    main = "/venv/lib/python3.11/site-packages/trimtab/__main__.py"
+    assert command_line([main, "train", "--out", "a b"]) == "trimtab train --out 'a b'"
+    assert command_line(["/venv/bin/trimtab", "eval", "r"]) == "trimtab eval r"
+    assert command_line(["my_script.py", "--x"]) == "my_script.py --x"

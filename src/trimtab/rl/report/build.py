@@ -65,15 +65,26 @@ def run_identity(argv: list[str] | None = None) -> dict[str, Any]:
     """What produced a run: trimtab's version, the commit of its source
     (:func:`trimtab._source.source_commit`: ``TRIMTAB_COMMIT``, or the git checkout's ``HEAD``,
     ``-dirty`` with uncommitted changes to the package) and the command line."""
-    import shlex
     import sys
 
     from trimtab import __version__
     from trimtab._source import source_commit
 
     commit = source_commit()  # None: an installed wheel, or no git; the version says enough
-    argv = sys.argv if argv is None else argv
-    return {"version": __version__, "commit": commit, "command": shlex.join(argv)}
+    argv = list(sys.argv if argv is None else argv)
+    return {"version": __version__, "commit": commit, "command": command_line(argv)}
+
+
+def command_line(argv: list[str]) -> str:
+    """``argv`` as the user typed it: ``trimtab train ...`` whether it ran through the
+    ``trimtab`` script or ``python -m trimtab`` (whose ``argv[0]`` is a path into the install);
+    any other program (a user's script calling :func:`trimtab.rl.train.train`) as it is."""
+    import shlex
+
+    first = Path(argv[0]) if argv else Path()
+    if first.name == "trimtab" or (first.name == "__main__.py" and first.parent.name == "trimtab"):
+        return shlex.join(["trimtab", *argv[1:]])
+    return shlex.join(argv)
 
 
 def _market(summary: dict[str, Any]) -> bool:
@@ -136,7 +147,7 @@ def _identity(run: Path, summary: dict[str, Any]) -> str:
     return (
         f"<p>Seed <b>{html.escape(str(summary.get('seed', '?')))}</b>. trimtab "
         f"{html.escape(str(who.get('version', '?')))}{html.escape(commit)}. "
-        f"{html.escape(str(summary.get('seconds', '?')))} s. Command: "
+        f"Training took {html.escape(str(summary.get('seconds', '?')))} s. Command: "
         f"<code>{html.escape(str(who.get('command', '?')))}</code></p>{config_html}{status}"
     )
 

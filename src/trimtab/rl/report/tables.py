@@ -351,10 +351,10 @@ def html_table(head: Sequence[str], rows: list[list[str]], flag_col: int | None 
 
 
 def format_fold_table(summary: dict[str, Any]) -> str:
-    """A market run's out-of-sample results as markdown (printed at the end of a run, used in
-    README): how it fills and charges, the per-fold table, then (where the run pooled its
-    folds) the agent's pooled row beside every baseline's, the paired differences, the random
-    draws and the verdict."""
+    """A market run's out-of-sample results as markdown (printed at the end of a run and
+    written into the report): how it fills and charges, the per-fold table, then (where the
+    run pooled its folds) the agent's pooled row beside every baseline's, the paired
+    differences, the random draws and the verdict."""
     parts = [cost_line(summary), "", markdown(FOLD_HEAD, fold_rows(summary))]
     if summary.get("oos"):
         oos = summary["oos"]

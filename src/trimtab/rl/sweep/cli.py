@@ -1,5 +1,6 @@
-"""``trimtab sweep``: config overrides × seeds as Ray tasks, one merged table (README: Sweeps);
-``trimtab train --seeds``: one config's seeds the same way, one table of seeds."""
+"""``trimtab sweep``: config overrides × seeds as Ray tasks, one merged table;
+``trimtab train --seeds``: one config's seeds the same way, one table of seeds
+(docs: guides/sweeps.md)."""
 
 from __future__ import annotations
 
