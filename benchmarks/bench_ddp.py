@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ddp_cpu.json"
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, indent=1)
     for layout, v in per_layout.items():
         print(f"{layout}: best {v['best_samples_per_s']:.0f} samples/s, "
               f"x{v['speedup_vs_' + args.layouts[0]]:.2f} vs {args.layouts[0]}")  # fmt: skip

@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ddp_h200.json"
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def write(out: Path, result: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out, result, indent=1)
 
 
 if __name__ == "__main__":

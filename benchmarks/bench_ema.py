@@ -22,14 +22,13 @@ target is AdaptiveEMA MSE ≤ 1.25 × the hindsight-best fixed rate on each sign
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import torch
 
 from trimtab import AdaptiveEMA
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 
 FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
 SIGNALS = ("stationary", "step", "random_walk", "drift", "spikes")
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, indent=2)
     return report
 
 

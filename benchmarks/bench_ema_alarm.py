@@ -17,14 +17,13 @@ threshold for several ``k``, against the Gumbel tail that sets ``EXCURSION_Z``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import torch
 
 from trimtab import AdaptiveEMA
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 from trimtab.rl.agent.checks import EXCURSION_Z, FALSE_ALARM_PROB, watch_threshold
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "ema_alarm.json"
@@ -168,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, indent=2)
     return report
 
 

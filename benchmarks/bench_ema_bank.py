@@ -23,7 +23,6 @@ held-out half. All families × seeds of one bank run as the slots of ONE Adaptiv
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ema_signals import FAMILIES, FRESH_COMMIT, HALVES, make
 from trimtab import AdaptiveEMA
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 
 FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
 TARGET_RATIO = 1.25
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, indent=2)
     return report
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import statistics
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 import trimtab.optim as topt
-from trimtab.benchmarking import commit
+from trimtab.benchmarking import commit, write_json
 from trimtab.lifecycle import detached
 
 BYTES_PER_PARAM = 28
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     out = args.out or Path(__file__).resolve().parent / "results" / "optim.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_json(out, result, indent=2)
     ratio = "ratio_vs_" + base
     print(f"| params | mode | optimizer | median step (ms) | GB/s (28 B/param) | x {base} |")
     print("|---:|---|---|---:|---:|---:|")

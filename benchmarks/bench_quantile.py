@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
-import json
 import math
 import os
 import statistics
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from trimtab.benchmarking import commit
+from trimtab.benchmarking import commit, write_json
 
 Q = 0.99
 DEFAULT_OUT = Path(__file__).parent / "results" / "quantile.json"
@@ -256,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(_markdown(result["rows"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, indent=2)
     return result
 
 

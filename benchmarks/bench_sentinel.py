@@ -15,7 +15,6 @@ credited for. Target on an H200: ≤ 0.055 ms (reading 176 MB once at 4.2 TB/s t
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from trimtab import Sentinel
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 from trimtab.sentinel import Rule
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "sentinel.json"
@@ -167,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, indent=2)
     return report
 
 

@@ -14,7 +14,6 @@ time: what a user waits for).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import tempfile
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 from trimtab.rl.sweep.spec import SweepSpec, base_data
 from trimtab.rl.sweep.trials import run_sweep
 
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"speed-up x{result['speedup_ray_vs_serial']:.2f}; same numbers trial for trial: "
               f"{result['same_metrics']}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, indent=1)
     return result
 
 

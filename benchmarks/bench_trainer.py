@@ -21,7 +21,6 @@ priority update in one graph, the target sync on the host), interleaved with the
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import provenance, save_record, write_json
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.dqn import DQNAgent
 from trimtab.rl.agent.learner import build_learner
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         save_record(args.out, args.key, result)
     else:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result, indent=2)
     return result
 
 

@@ -9,14 +9,13 @@ what happened (success, or the first error) for each mode.
 from __future__ import annotations
 
 import argparse
-import json
 import traceback
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.learner import build_learner
 from trimtab.rl.config import TrainConfig
@@ -77,7 +76,7 @@ def main() -> None:
     rows = [probe(m) for m in ("off", "fixed", "adaptive")]
     for r in rows:
         print(r)
-    args.out.write_text(json.dumps({**provenance("cuda"), "rows": rows}, indent=1) + "\n")
+    write_json(args.out, {**provenance("cuda"), "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":

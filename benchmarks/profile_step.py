@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import traceback
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_trainer
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 from trimtab.rl.config import TrainConfig
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "profile_step.json"
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
             for name, calls, ms in top:
                 print(f"{ms:8.3f} ms {calls:5d} calls  {name}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result, indent=2)
     return result
 
 

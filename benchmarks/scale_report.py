@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trimtab.benchmarking import write_json
+
 ARMS = ("adaptive", "fixed", "off", "tuned")
 #: what each env reports, in the env's own (unscaled) units
 METRIC = {"cartpole": "greedy return", "market": "out-of-sample Sharpe (mean over folds)"}
@@ -180,6 +182,6 @@ def write(out: Path, records: list[dict], extra: dict[str, Any]) -> dict[str, An
     out.parent.mkdir(parents=True, exist_ok=True)
     plots = plot(cells, lambda env: out.with_name(f"{out.stem}_{env}.png"))
     doc = {**extra, "records": records, "cells": cells, "table": table, "plots": plots}
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(out, doc, indent=1)
     out.with_suffix(".md").write_text(table)
     return doc

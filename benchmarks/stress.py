@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 from trimtab.rl.configio import apply_overrides
 from trimtab.rl.sweep.spec import SweepSpec
 from trimtab.rl.sweep.trials import TrialResult, run_sweep
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
            "steps_per_fold": steps, "quick": args.quick, "rows": rows,
            "failed": failed}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out, indent=2)
     if failed:
         print(f"{len(failed)} cells failed: {failed}")
     return out

@@ -16,7 +16,6 @@ commit: ``benchmarks/results/support_loop.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import provenance, write_json
 from trimtab.bounds import AdaptiveBounds
 from trimtab.estimate import AdaptiveEMA
 
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{doc['fixed_point'] / 2:g}, {doc['above_twice_fixed_point']} above "
           f"{2 * doc['fixed_point']:g} (of {doc['updates_after_first_block']})")  # fmt: skip
     if not args.quick:
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(args.out, doc, indent=1)
     return doc
 
 

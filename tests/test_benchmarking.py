@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.benchmarking import provenance, record_key, save_record
+from trimtab.benchmarking import provenance, record_key, save_record, write_json
 
 
 def test_new_key_is_added_beside_the_records_there(tmp_path: Path) -> None:
@@ -133,3 +133,26 @@ def test_source_commit_names_the_checkout_its_package_is_in_or_nothing(tmp_path:
     shutil.copytree(pkg, repo / "export" / "trimtab")  # an ignored export of some other tree
     assert probe(repo / "export") == "None"
     assert probe(repo / "export", TRIMTAB_COMMIT="abc1234") == "abc1234"
+
+
+def _strict(text: str) -> object:
+    def refuse(name: str) -> None:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_write_json_writes_standard_json_whole(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    write_json(out, {"a": [1.0, math.nan, -math.inf], "b": {"c": math.inf}})
+    assert _strict(out.read_text()) == {"a": [1.0, None, None], "b": {"c": None}}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
+
+
+def test_every_result_file_is_standard_json() -> None:
+    """What the docs' results pages are generated from: readable by any JSON reader."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    files = sorted(results.rglob("*.json"))
+    assert files
+    for f in files:
+        _strict(f.read_text())

@@ -76,6 +76,15 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def write_json(out: Path, value: Any, *, indent: int = 1) -> None:
+    """Write ``value`` to ``out`` as standard JSON (NaN and ±Inf as ``null``,
+    :func:`json_safe`), beside the old file and renamed over it: an interrupted write leaves
+    the old file whole. For a benchmark's whole-file result; :func:`save_record` keeps a file
+    of named records."""
+    text = json.dumps(json_safe(value), indent=indent, allow_nan=False) + "\n"
+    _replace(Path(out).resolve(), text)
+
+
 def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent: int = 1) -> str:
     """Store ``record`` as ``out[key]`` in a JSON file of named records; returns the key.
 
@@ -103,7 +112,12 @@ def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent
             )
     name = key or record_key(record)
     data[name] = record
-    text = json.dumps(json_safe(data), indent=indent, allow_nan=False) + "\n"
+    _replace(target, json.dumps(json_safe(data), indent=indent, allow_nan=False) + "\n")
+    return name
+
+
+def _replace(target: Path, text: str) -> None:
+    """``text`` into ``target`` by a temporary file beside it and a rename (its mode kept)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -116,4 +130,3 @@ def save_record(out: Path, key: str | None, record: Mapping[str, Any], *, indent
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    return name
