@@ -87,7 +87,14 @@ def device_profile(device: str, env_name: str = "market", impl: str = "gymnasium
     out = dict(DEVICE_PROFILES["cuda" if cuda else "cpu"])
     if cuda and env_name.startswith("gym:") and impl != "torch":
         out["env.n_envs"] = DEVICE_PROFILES["cpu"]["env.n_envs"]
+    if env_name.startswith("bsuite:"):  # one env, episode after episode: bsuite's rules
+        out["env.n_envs"] = 1
     return out
+
+
+#: gym.total_steps = "auto": the env steps of a Gymnasium run (a bsuite run has no cap: its
+#: experiment's episode budget ends it)
+GYM_TOTAL_STEPS = 500_000
 
 
 def _check(bad: list[str], section: str) -> None:
@@ -256,7 +263,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    name: str = "market"  # "market", or "gym:ID" for a Gymnasium env (e.g. gym:CartPole-v1)
+    # "market", "gym:ID" for a Gymnasium env (e.g. gym:CartPole-v1), or "bsuite:ID" for a
+    # bsuite id under bsuite's rules (e.g. bsuite:cartpole_scale/3; the [bsuite] extra)
+    name: str = "market"
     # market only: target position per asset (short, flat, long)
     levels: tuple[float, ...] = (-1.0, 0.0, 1.0)
     # market only: where a decision on the close of bar t is filled: "next_open" (the open of bar
@@ -381,10 +390,14 @@ class BacktestConfig:
 
 @dataclass(frozen=True)
 class GymConfig:
-    """Training on a Gymnasium env (``env.name = "gym:ID"``): one long run, one "fold"; the
-    number of envs stepped together is ``env.n_envs``."""
+    """Training on a Gymnasium env (``env.name = "gym:ID"``) or a bsuite id
+    (``"bsuite:ID"``): one long run, one "fold"; the number of envs stepped together is
+    ``env.n_envs``."""
 
-    total_steps: int = 500_000  # env steps, summed over the env.n_envs envs
+    # env steps, summed over the env.n_envs envs; "auto" = GYM_TOTAL_STEPS (500000) for a
+    # Gymnasium env, no cap for bsuite (the experiment's own episode budget ends the run; a
+    # number caps its env steps as well)
+    total_steps: int | Literal["auto"] = "auto"
     learning_starts: int = 10_000  # env steps (summed, as [walkforward]) before the first update
     train_every: int = 4  # env steps (summed) per gradient step
     eval_episodes: int = 100  # greedy episodes at the end
@@ -392,7 +405,8 @@ class GymConfig:
     def __post_init__(self) -> None:
         check_fields(self, "gym")  # types, Literal values, finite numbers
         bad = []
-        if min(self.total_steps, self.train_every, self.eval_episodes) < 1:
+        steps = 1 if self.total_steps == "auto" else self.total_steps
+        if min(steps, self.train_every, self.eval_episodes) < 1:
             bad.append("total_steps, train_every and eval_episodes must be >= 1")
         if self.learning_starts < 0:
             bad.append("learning_starts must be >= 0")

@@ -14,6 +14,7 @@ from trimtab.rl.config import EnvConfig, TrainConfig
 from trimtab.rl.configio import ConfigError, from_dict
 from trimtab.rl.envs import registry
 from trimtab.rl.envs.adapters import GymAdapter, MarketAdapter, TorchCartPoleAdapter
+from trimtab.rl.envs.bsuite_env import BsuiteAdapter
 from trimtab.rl.envs.protocol import EnvAdapter
 from trimtab.rl.envs.registry import EnvKind, env_kind, make_adapter, register_env_kind
 
@@ -24,8 +25,10 @@ def test_built_in_kinds():
     assert env_kind("market").name == "market" and env_kind("market").walk_forward
     assert env_kind("gym:CartPole-v1").name == "gym" and not env_kind("gym:Acrobot-v1").walk_forward
     assert env_kind("gym:CartPole-v1", "torch").name == "torch"
-    with pytest.raises(ConfigError, match=r"'bsuite:x' is no known kind.*'gym:ENV_ID', 'market'"):
-        env_kind("bsuite:x")
+    assert env_kind("bsuite:cartpole_scale/3").name == "bsuite"
+    assert not env_kind("bsuite:cartpole_scale/3").walk_forward
+    with pytest.raises(ConfigError, match=r"'dm:x' is no known kind.*'bsuite:BSUITE_ID', 'gym"):
+        env_kind("dm:x")
     with pytest.raises(ValueError, match=r"invalid \[env\] config: env.name = 'nope'"):
         EnvConfig(name="nope")
 
@@ -36,6 +39,7 @@ def test_built_in_kinds():
         (SMALL, MarketAdapter),
         ({"env": {"name": "gym:CartPole-v1"}}, GymAdapter),
         ({"env": {"name": "gym:CartPole-v1", "impl": "torch"}}, TorchCartPoleAdapter),
+        ({"env": {"name": "bsuite:mountain_car_scale/1"}}, BsuiteAdapter),
     ],
 )
 def test_every_built_in_adapter_is_an_env_adapter(data, cls):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from trimtab.rl.config import TrainConfig
+from trimtab.rl.config import GYM_TOTAL_STEPS, TrainConfig
 from trimtab.rl.configio import ConfigError
 from trimtab.rl.envs.protocol import EnvStep, FoldPlan
 
@@ -138,7 +138,8 @@ def branch_sizes_of(space: Any) -> list[int]:
 
 
 class GymAdapter:
-    """A Gymnasium env as one fold of ``gym.total_steps`` env steps: ``env.n_envs`` copies
+    """A Gymnasium env as one fold of ``gym.total_steps`` env steps (``"auto"``:
+    :data:`~trimtab.rl.config.GYM_TOTAL_STEPS`): ``env.n_envs`` copies
     stepped in turn with same-step autoreset (the true last observation of an episode is the
     stored successor), then ``gym.eval_episodes`` greedy episodes on a fresh env.
 
@@ -168,11 +169,12 @@ class GymAdapter:
 
     def plan(self, k: int) -> FoldPlan:
         g, n = self.cfg.gym, self.n_envs
+        total = GYM_TOTAL_STEPS if g.total_steps == "auto" else g.total_steps
         # env steps advance by n: learning starts at the first multiple of n >= learning_starts
-        last = -(-g.total_steps // n) * n
+        last = -(-total // n) * n
         first = max(-(-g.learning_starts // n) * n, n)
         expected = max(last // g.train_every - (first - n) // g.train_every, 0)
-        return FoldPlan(k, g.learning_starts, expected, max_env_steps=g.total_steps)
+        return FoldPlan(k, g.learning_starts, expected, max_env_steps=total)
 
     def updates_due(self, before: int, after: int) -> int:
         """One gradient step per ``gym.train_every`` env steps (summed over envs)."""

@@ -4,7 +4,10 @@ nothing in it can run code.
 
 :func:`env_state` walks the wrapper chain (outermost first) and keeps, per layer, every
 attribute that is data: numbers, strings, None, numpy arrays and scalars, numpy random
-generators (as their bit generator's state), and lists, tuples and str-keyed dicts of those.
+generators (as their bit generator's state) and legacy ``RandomState`` s (as their state tuple),
+named tuples (as their fields, rebuilt as the env's own type), and lists, tuples and str-keyed
+dicts of those. :func:`to_data` and :func:`from_data` are the encoding, for
+other kinds of env (bsuite's) that walk their own layers.
 What is not data (spaces, the ``env`` link itself, renderers, specs) is rebuilt by making the
 env afresh; :func:`restore_env` then writes the saved data back, layer by layer.
 """
@@ -16,15 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["EnvStateError", "env_state", "restore_env"]
+__all__ = ["EnvStateError", "env_state", "from_data", "restore_env", "to_data"]
 
 
 class EnvStateError(ValueError):
     """A saved env state that does not fit the env it is restored into."""
 
 
-class _NotData(Exception):
-    pass
+class _NotData(TypeError):
+    """A value that is not data (a function, a space, a renderer): not saved."""
 
 
 # Attributes rebuilt with the env, never saved: the chain link, the spaces (their own
@@ -35,18 +38,36 @@ _SKIP = frozenset({
 })  # fmt: skip
 
 
+def to_data(v: Any) -> Any:
+    """``v`` as plain data (see the module docstring); a ``TypeError`` where it is not data."""
+    return _to_data(v)
+
+
+def from_data(d: Any, current: Any = None) -> Any:
+    """The value :func:`to_data` encoded; ``current`` (the fresh env's attribute) is written
+    into in place where it is a generator, or gives the type of a named tuple."""
+    return _from_data(d, current)
+
+
 def _to_data(v: Any) -> Any:
+    if isinstance(v, np.generic):  # first: np.float64 is a float, and pickles as numpy's
+        return {"__npscalar__": str(v.dtype), "value": v.item()}
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, np.random.Generator):
         return {"__generator__": _to_data(v.bit_generator.state)}
+    if isinstance(v, np.random.RandomState):
+        return {"__randomstate__": _to_data(v.get_state(legacy=True))}
+    if isinstance(v, tuple) and hasattr(type(v), "_fields"):  # a named tuple
+        return {
+            "__namedtuple__": type(v).__qualname__,
+            "fields": {k: _to_data(x) for k, x in zip(type(v)._fields, v, strict=True)},
+        }
     if isinstance(v, np.ndarray):
         if v.dtype == object:
             raise _NotData
         return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(v).copy()),
                 "dtype": str(v.dtype)}  # fmt: skip
-    if isinstance(v, np.generic):
-        return {"__npscalar__": str(v.dtype), "value": v.item()}
     if isinstance(v, tuple):
         return {"__tuple__": [_to_data(x) for x in v]}
     if isinstance(v, list):
@@ -68,6 +89,17 @@ def _from_data(d: Any, current: Any = None) -> Any:
             gen = np.random.Generator(getattr(np.random, state["bit_generator"])())
         gen.bit_generator.state = state
         return gen
+    if "__randomstate__" in d:
+        rs = current if isinstance(current, np.random.RandomState) else np.random.RandomState()
+        rs.set_state(_from_data(d["__randomstate__"]))
+        return rs
+    if "__namedtuple__" in d:
+        kind = type(current)
+        if not hasattr(kind, "_fields") or kind.__qualname__ != d["__namedtuple__"]:
+            raise EnvStateError(
+                f"a saved {d['__namedtuple__']} has no counterpart in the env it is restored into"
+            )
+        return kind(**{k: _from_data(x) for k, x in d["fields"].items()})
     if "__ndarray__" in d:
         return d["__ndarray__"].numpy().astype(d["dtype"], copy=True)
     if "__npscalar__" in d:

@@ -5,6 +5,7 @@ fold trains). A new kind of environment is a class with these members, registere
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -32,21 +33,23 @@ class EnvStep(NamedTuple):
 @dataclass(frozen=True)
 class FoldPlan:
     """How long fold ``index`` trains: ``max_updates`` gradient steps (market) or
-    ``max_env_steps`` env steps summed over envs (Gymnasium); learning waits for
-    ``learning_starts`` env steps. ``expected_updates`` sizes the progress bar."""
+    ``max_env_steps`` env steps summed over envs (Gymnasium), and until ``stop()`` says so
+    where the adapter has its own end (bsuite: the experiment's episode budget); learning waits
+    for ``learning_starts`` env steps. ``expected_updates`` sizes the progress bar."""
 
     index: int
     learning_starts: int
     expected_updates: int
     max_updates: int | None = None
     max_env_steps: int | None = None
+    stop: Callable[[], bool] | None = None
 
     def updates_done(self, fold_step: int) -> bool:
         return self.max_updates is not None and fold_step >= self.max_updates
 
     def done(self, fold_step: int, env_steps: int) -> bool:
         full = self.max_env_steps is not None and env_steps >= self.max_env_steps
-        return full or self.updates_done(fold_step)
+        return full or self.updates_done(fold_step) or (self.stop is not None and self.stop())
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
 """The kinds of environment the trainer runs, by ``env.name`` (and ``env.impl``): the market,
-Gymnasium envs, the batched torch CartPole, and any kind a user registers. The config checks an
-env name here, and the runner builds its adapter here, so a new kind of environment is one new
-module with its adapter class (:class:`~trimtab.rl.envs.protocol.EnvAdapter`) and one
+Gymnasium envs, the batched torch CartPole, bsuite ids, and any kind a user registers. The config
+checks an env name here, and the runner builds its adapter here, so a new kind of environment is
+one new module with its adapter class (:class:`~trimtab.rl.envs.protocol.EnvAdapter`) and one
 :func:`register_env_kind` call.
 
     from trimtab.rl.envs.registry import EnvKind, register_env_kind
@@ -84,6 +84,10 @@ _ADAPTERS = "trimtab.rl.envs.adapters"
 register_env_kind(EnvKind(
     "torch", "gym:CartPole-v1 with env.impl = 'torch'", lambda name, impl: impl == "torch",
     f"{_ADAPTERS}:TorchCartPoleAdapter",
+))  # fmt: skip
+register_env_kind(EnvKind(
+    "bsuite", "bsuite:BSUITE_ID", lambda name, impl: name.startswith("bsuite:"),
+    "trimtab.rl.envs.bsuite_env:BsuiteAdapter",
 ))  # fmt: skip
 register_env_kind(EnvKind(
     "gym", "gym:ENV_ID", lambda name, impl: name.startswith("gym:"), f"{_ADAPTERS}:GymAdapter"

@@ -88,7 +88,16 @@ def command_line(argv: list[str]) -> str:
 
 
 def _market(summary: dict[str, Any]) -> bool:
-    return not str(summary.get("env", "market")).startswith("gym:")
+    """Whether the run was walked forward over dated data (the market's report), by its env's
+    registered kind; a kind no longer registered reads as one long run."""
+    from trimtab.rl.configio import ConfigError
+    from trimtab.rl.envs.registry import env_kind
+
+    try:
+        return env_kind(str(summary.get("env", "market")), summary.get("env_impl", "gymnasium")
+                        ).walk_forward  # fmt: skip
+    except ConfigError:
+        return False
 
 
 def _gym_table(summary: dict[str, Any]) -> str:

@@ -63,10 +63,11 @@ def evaluate_checkpoint(
             path = folds[-1]
             state = ckpt.load(path, fingerprint=None)
     env_name = state.get("config", {}).get("env", {}).get("name", "market")
-    if str(env_name).startswith("gym:"):
+    if str(env_name) != "market":
+        kind = "bsuite" if str(env_name).startswith("bsuite:") else "Gymnasium"
         raise ckpt.CheckpointError(
-            f"{path} is a Gymnasium run's checkpoint (env.name = {env_name!r}); trimtab eval "
-            "tests a market agent on market data. A Gymnasium run is evaluated greedily at its "
+            f"{path} is a {kind} run's checkpoint (env.name = {env_name!r}); trimtab eval "
+            f"tests a market agent on market data. A {kind} run is evaluated greedily at its "
             'end: its greedy returns are in RUN_DIR/summary.json under "eval"'
         )
     if state.get("normalizer") is None:
