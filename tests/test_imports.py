@@ -145,3 +145,27 @@ def test_the_optimizer_does_not_load_torch_dynamo():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_public_names_are_typed_and_lazy():
+    """Every public name is in the literal ``__all__``, imported under ``TYPE_CHECKING`` from the
+    module it loads from at run time (what type checkers and IDEs read), and resolves to it."""
+    import importlib
+
+    source = (SRC / "__init__.py").read_text()
+    tree = ast.parse(source)
+    typed: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom), ast.dump(imp)
+                for alias in imp.names:
+                    mod = f"{imp.module}.{alias.name}" if imp.module == "trimtab" else imp.module
+                    typed[alias.name] = mod
+    exports = trimtab._EXPORTS
+    assert typed == exports
+    assert sorted(trimtab.__all__) == sorted(["__version__", *exports])
+    for name, module in exports.items():
+        mod = importlib.import_module(module)
+        want = mod if module == f"trimtab.{name}" else getattr(mod, name)
+        assert getattr(trimtab, name) is want, name

@@ -1,13 +1,29 @@
 """trimtab: measured, not hand-set, stability bounds for deep Q-learning on non-stationary data.
 
-Importing this package never imports Triton; kernels load on first use on a CUDA tensor.
-Public names are loaded lazily from their modules on first access.
+Importing this package imports nothing heavy: ``trimtab --help`` answers without torch, Triton
+loads on a first kernel use on a CUDA tensor, and the trainer's dependencies (pandas, Ray) come
+only with ``trimtab.rl``. Public names load from their modules on first access; type checkers
+and IDEs read the same names from the ``TYPE_CHECKING`` imports below.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, typed, for type checkers and IDEs
+    from trimtab import optim
+    from trimtab.bounds import AdaptiveBounds, BoundClamp
+    from trimtab.clamp import clamp_finite_, guard_
+    from trimtab.clip import AdaptiveGradClip
+    from trimtab.engagement import EngagementCorrection
+    from trimtab.estimate import AdaptiveEMA
+    from trimtab.guard import Guard
+    from trimtab.lifecycle import Lifecycle
+    from trimtab.nonfinite import NonFinitePolicy
+    from trimtab.quantile import abs_quantile, abs_quantiles
+    from trimtab.sentinel import NonFiniteError, Rule, Sentinel
+    from trimtab.state import LayoutMismatchError, Slot, StateVector
 
 __version__ = "0.1.0"
 
@@ -33,7 +49,29 @@ _EXPORTS: dict[str, str] = {
     "guard_": "trimtab.clamp",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+#: a literal list, so that type checkers read it (a test holds it to ``_EXPORTS``)
+__all__ = [
+    "AdaptiveBounds",
+    "AdaptiveEMA",
+    "AdaptiveGradClip",
+    "BoundClamp",
+    "EngagementCorrection",
+    "Guard",
+    "LayoutMismatchError",
+    "Lifecycle",
+    "NonFiniteError",
+    "NonFinitePolicy",
+    "Rule",
+    "Sentinel",
+    "Slot",
+    "StateVector",
+    "__version__",
+    "abs_quantile",
+    "abs_quantiles",
+    "clamp_finite_",
+    "guard_",
+    "optim",
+]
 
 
 def __getattr__(name: str) -> Any:

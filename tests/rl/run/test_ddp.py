@@ -63,8 +63,8 @@ def test_a_mid_fold_checkpoint_refuses_another_world_size(runs) -> None:
     blob = ckpt.load(out / "midfold.pt", fingerprint=None)
     assert blob["fold_state"]["world_size"] == 2 and len(blob["fold_state"]["ranks"]) == 2
     with pytest.raises(ckpt.CheckpointError, match="written mid-fold by 2 process"):
-        fold_state_for(blob["fold_state"], None, out / "midfold.pt")
-    assert fold_state_for(None, None, "fold_0.pt") is None  # a fold checkpoint: any world
+        fold_state_for(blob["fold_state"], None, out / "midfold.pt", None)
+    assert fold_state_for(None, None, "fold_0.pt", None) is None  # a fold checkpoint: any world
 
 
 def test_bad_setups_are_named(

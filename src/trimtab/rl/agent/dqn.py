@@ -163,7 +163,8 @@ class DQNAgent:
     both networks (the adaptive trunk clamp). The guarded step itself, with every stability call
     in the order it runs, is :meth:`trimtab.rl.agent.learner.Learner.learn`; this class holds the
     algorithm's pieces it calls (:meth:`predict`, :meth:`next_state`, :meth:`bellman_targets`,
-    :meth:`loss`).
+    :meth:`loss`). ``wrap_online`` (e.g. DDP around the online network) is applied once, here,
+    after the weights exist; the target is then copied from the wrapped network.
 
     The target network registers with the active :class:`trimtab.Lifecycle` for a hard sync at
     each fold boundary. Nothing here makes a host synchronisation; ``info`` holds device tensors.
@@ -179,6 +180,7 @@ class DQNAgent:
         support_fn: SupportFn | None = None,
         autocast: torch.dtype | None = None,
         trunk_out: nn.Module | None = None,
+        wrap_online: Callable[[nn.Module], nn.Module] | None = None,
     ) -> None:
         if autocast not in (None, torch.bfloat16, torch.float16):
             raise ValueError(
@@ -207,6 +209,9 @@ class DQNAgent:
         self.num_updates = 0
         self._z_memo: tuple[Tensor, Tensor, tuple[int, int], Tensor] | None = None
         active_lifecycle().register_target_sync(self.online, self.target, name="agent.target")
+        if wrap_online is not None:  # e.g. DDP: rank 0's weights broadcast; the target follows
+            self.online = wrap_online(self.online)
+            self.sync_target()
 
     def _make_network(self, trunk_out: nn.Module | None) -> BranchingQNetwork:
         cfg = self.config

@@ -4,14 +4,17 @@ every runner calls. The step reads top to bottom; every stability call is marked
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from trimtab.distributed import RankConsistent
 from trimtab.lifecycle import register
 from trimtab.nonfinite import NonFinitePolicy
+from trimtab.rl.agent.checks import WATCHED
 from trimtab.rl.agent.dqn import DQNAgent
 from trimtab.rl.agent.graphed import Beside, CapturedStep
 from trimtab.rl.agent.replay import ReplayBuffer
@@ -30,7 +33,13 @@ __all__ = ["Learner", "build_learner", "uses_cuda_graph"]
 class Learner:
     """An agent, the stability parts of its mode and the learn step (build it with
     :func:`build_learner` inside the run's :class:`trimtab.Lifecycle`, so every piece of state
-    registers its fold-boundary reset)."""
+    registers its fold-boundary reset).
+
+    ``consistent``: a multi-process run's rank part (:class:`trimtab.distributed.RankConsistent`),
+    passed in once: the sentinel, the bounds and the checks' threshold scales attach to it here;
+    each step reduces them over the ranks before the fold (one ``all_reduce``), a halt decision
+    merges the ranks' flags first, and a loaded checkpoint keeps this rank's own seed and
+    random stream (rank 0 saved it)."""
 
     def __init__(
         self,
@@ -40,6 +49,7 @@ class Learner:
         *,
         cuda_graph: bool = False,
         check_every: int = DEFAULT_CHECK_EVERY,
+        consistent: RankConsistent | None = None,
     ) -> None:
         if check_every < 1:
             raise ValueError(f"check_every={check_every} must be >= 1 (learn steps per host read)")
@@ -51,9 +61,19 @@ class Learner:
         self.agent, self.stability, self.policy = agent, stability, policy
         self.params = list(agent.online.parameters())
         self.check_every = check_every
+        self.consistent = consistent
+        if consistent is not None:
+            consistent.attach(stability.sentinel)
+            if stability.bounds is not None:
+                consistent.attach(stability.bounds)
+            consistent.attach_max(*(stability.state[f"{n}_scale"] for n in WATCHED))
         #: the bounds' end-of-step fold runs on a second stream beside the sentinel's
-        #: optimizer-phase check (CUDA, modes with measured bounds; the others fold nothing)
-        self.beside = Beside(agent.device, enabled=stability.bounds is not None)
+        #: optimizer-phase check (CUDA, modes with measured bounds; the others fold nothing).
+        #: Not with ranks: the fold then carries the sentinel's merge, which writes the records
+        #: that the check beside it writes too (on one stream, in sequence).
+        self.beside = Beside(
+            agent.device, enabled=stability.bounds is not None and consistent is None
+        )
         #: the captured step on a given batch (None: eager), and the one that samples its
         #: batch inside the graph (:meth:`learn_from`; built at its first call, per replay)
         self.graph = (
@@ -162,6 +182,8 @@ class Learner:
         self.policy.step()  # stability: the optimizer step honours found_inf under "skip"
         s.after_step()  # stability: fixed mode's weight clamp
         with self.beside:  # on CUDA beside the check below (they touch disjoint state)
+            if self.consistent is not None:
+                self.consistent.sync()  # stability: the ranks' one all_reduce before the fold
             s.fold()  # stability: fold every bound measured this step, once
         s.checks.weights()  # stability: sentinel "optimizer" (weights, moments)
         self.beside.join()
@@ -183,7 +205,7 @@ class Learner:
         clip; the sentinel still watches): for a user of the agent alone, and its tests."""
         cfg = TrainConfig(run=RunConfig(stability="off"), agent=agent.config)
         stab = build_stability(cfg, n_branches=len(agent.branch_sizes), device=agent.device)
-        stab.support = agent.support_fn
+        stab = replace(stab, support=agent.support_fn)  # the agent's own support
         stab.attach(agent.online, agent.optimizer)
         return cls(agent, stab, NonFinitePolicy("halt", agent.optimizer, agent.device))
 
@@ -214,8 +236,21 @@ class Learner:
         }
 
     def halt_message(self) -> str | None:
-        """The first sentinel firing under ``on_nonfinite = "halt"`` (a host read)."""
-        return self.stability.checks.halt_message()
+        """The first sentinel firing under ``on_nonfinite = "halt"`` (a host read). With
+        ranks, their flags are merged first (an env-phase fire since the last step's sync is
+        seen too), and the message names the rank that fired."""
+        rc = self.consistent
+        if rc is not None:
+            rc.sync_flags()
+        message = self.stability.checks.halt_message()
+        if rc is None or not message:
+            return message
+        fired = self.stability.sentinel.report()
+        if not fired or fired[0].rank is None:
+            return message
+        where = f"on rank {fired[0].rank} of {rc.world_size}"
+        named = message.replace(" fired first:", f" fired first {where}:", 1)
+        return named if named != message else f"{message} ({where})"
 
     def nonfinite_count(self) -> int:
         return len(self.stability.sentinel.report())
@@ -232,7 +267,14 @@ class Learner:
         on the loaded state without a recapture."""
         opt = self.agent.optimizer
         before = {p: dict(st) for p, st in opt.state.items()}
+        stream = None
+        if self.consistent is not None:  # rank 0 saved it: this rank keeps its own seed
+            saved = dict(state["agent"])
+            saved["config"] = {**saved["config"], "seed": self.agent.config.seed}
+            state, stream = {**state, "agent": saved}, self.agent.generator.get_state()
         self.agent.load_state_dict(state["agent"])
+        if stream is not None:  # and its own stream (a mid-fold resume restores the saved one)
+            self.agent.generator.set_state(stream)
         self.stability.load_state_dict(state["stability"])
         for p, st in opt.state.items():
             for key, new in st.items():
@@ -253,17 +295,26 @@ class Learner:
 
 
 def build_learner(
-    cfg: TrainConfig, obs_dim: int, branch_sizes: list[int], device: torch.device
+    cfg: TrainConfig,
+    obs_dim: int,
+    branch_sizes: list[int],
+    device: torch.device,
+    *,
+    wrap_online: Callable[[nn.Module], nn.Module] | None = None,
+    consistent: RankConsistent | None = None,
 ) -> Learner:
     """The agent and the stability parts of ``cfg.run.stability`` (and ``cfg.run.ablate``),
-    chosen here once: the learn step has no branch on the mode."""
+    chosen here once: the learn step has no branch on the mode. A multi-process run passes its
+    rank parts in (:meth:`trimtab.rl.run.ddp.Ranks.parts`): ``wrap_online`` (DDP around the
+    online network) and ``consistent`` (the bounds and flags reduced over the ranks)."""
     stab = build_stability(cfg, n_branches=len(branch_sizes), device=device)
     agent = DQNAgent(
         obs_dim, branch_sizes, replace(cfg.agent, seed=cfg.run.seed), device,
         optimizer_factory=stab.make_optimizer, support_fn=stab.support,
         autocast=AUTOCAST_DTYPES[cfg.run.autocast], trunk_out=stab.trunk_out,
+        wrap_online=wrap_online,
     )  # fmt: skip
     stab.attach(agent.online, agent.optimizer)
     policy = NonFinitePolicy(cfg.run.on_nonfinite, agent.optimizer, device)
     return Learner(agent, stab, policy, cuda_graph=uses_cuda_graph(cfg.run, device),
-                   check_every=cfg.run.check_every)  # fmt: skip
+                   check_every=cfg.run.check_every, consistent=consistent)  # fmt: skip

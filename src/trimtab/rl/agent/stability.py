@@ -284,15 +284,11 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True if skip else None,
                                 capturable=cuda)  # fmt: skip
 
-    stab = Stability(
+    return Stability(
         mode=mode, state=state, sentinel=sentinel, checks=checks, bounds=bounds,
         support=support, bound_targets=bound_targets, trunk_out=trunk_out,
         make_optimizer=make_optimizer, rates=rates,
+        fold=bounds.fold if bounds is not None else (lambda: None),
+        adaptive_clip=on["grad_clip"], quantile=cfg.run.bound_quantile,
+        clip_headroom=cfg.run.clip_headroom, measure_every=every,
     )  # fmt: skip
-    if bounds is not None:
-        stab.fold = bounds.fold
-    stab.adaptive_clip = on["grad_clip"]
-    stab.quantile = cfg.run.bound_quantile
-    stab.clip_headroom = cfg.run.clip_headroom
-    stab.measure_every = every
-    return stab

@@ -96,7 +96,6 @@ class Ranks:
     backend: str
     device: torch.device
     consistent: RankConsistent | None = field(default=None, repr=False)
-    _learner: Any = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -192,64 +191,22 @@ class Ranks:
             raise value
         return value
 
-    def wrap(self, learner: Any) -> None:
-        """DDP on the online network (rank 0's weights broadcast, the target synced from
-        them); the bounds, threshold scales and sentinel made rank-consistent: one all_reduce
-        before each step's fold, and one of the flags before each halt decision."""
-        agent, stab = learner.agent, learner.stability
-        net: nn.Module = agent.online
+    def parts(self) -> dict[str, Any]:
+        """What :func:`trimtab.rl.agent.learner.build_learner` takes from this process's place
+        in the run, passed in once: ``wrap_online`` puts DDP on the online network (rank 0's
+        weights broadcast, the target copied from them) and ``consistent`` reduces the bounds,
+        threshold scales and sentinel over the ranks (one all_reduce before each step's fold,
+        one of the flags before each halt decision)."""
         ids = [self.device.index] if self.device.type == "cuda" else None
-        # static_graph: the IQN head's parameters are used outside the network's forward (or,
-        # with iqn_weight = 0, not at all); the same set every step.
-        agent.online = AgentDDP(net, device_ids=ids, broadcast_buffers=False, static_graph=True)
-        agent.sync_target()
-        rc = RankConsistent()
-        rc.attach(stab.sentinel)
-        if stab.bounds is not None:
-            rc.attach(stab.bounds)
-        from trimtab.rl.agent.checks import WATCHED
 
-        rc.attach_max(*(stab.state[f"{n}_scale"] for n in WATCHED))
-        fold = stab.fold
+        def wrap_online(net: nn.Module) -> nn.Module:
+            # static_graph: the IQN head's parameters are used outside the network's forward
+            # (or, with iqn_weight = 0, not at all); the same set every step.
+            return AgentDDP(net, device_ids=ids, broadcast_buffers=False, static_graph=True)
 
-        def synced_fold() -> Any:
-            rc.sync()  # stability: the step's one all_reduce (bounds, scales, flags)
-            return fold()
-
-        stab.fold = synced_fold
-        if getattr(learner, "beside", None) is not None:
-            from trimtab.rl.agent.graphed import Beside
-
-            # The fold now carries the sentinel's merge, which writes the records that the
-            # optimizer-phase check beside it writes too: on one stream, in sequence.
-            learner.beside = Beside(self.device, enabled=False)
-        halt = learner.halt_message
-
-        def synced_halt() -> str | None:
-            rc.sync_flags()  # an env-phase fire since the last step's sync is seen too
-            message = halt()
-            first = stab.sentinel.report()[0] if message else None
-            if message and first is not None and first.rank is not None:
-                where = f"on rank {first.rank} of {self.world_size}"
-                named = message.replace(" fired first:", f" fired first {where}:", 1)
-                message = named if named != message else f"{message} ({where})"
-            return message
-
-        learner.halt_message = synced_halt
-        load = learner.load_state_dict
-
-        def load_own_seed(state: dict[str, Any]) -> None:
-            # Rank 0 saved the learner; this rank keeps its own seed and random stream (a
-            # mid-fold resume then restores the stream it saved: fold_state_for).
-            saved = dict(state["agent"])
-            saved["config"] = {**saved["config"], "seed": agent.config.seed}
-            stream = agent.generator.get_state()
-            load({**state, "agent": saved})
-            agent.generator.set_state(stream)
-
-        learner.load_state_dict = load_own_seed
-        self.consistent = rc
-        self._learner = learner
+        if self.consistent is None:
+            self.consistent = RankConsistent()
+        return {"wrap_online": wrap_online, "consistent": self.consistent}
 
     def prepare(self, cfg: Any, resume: bool) -> tuple[Path, Any]:
         """Rank 0 prepares and locks the run directory (:func:`prepare_run_dir`); every rank
@@ -318,7 +275,7 @@ class NullLog:
 
 
 def fold_state_for(
-    fold_state: dict[str, Any] | None, ranks: Ranks | None, path: Path | str
+    fold_state: dict[str, Any] | None, ranks: Ranks | None, path: Path | str, learner: Any
 ) -> dict[str, Any] | None:
     """This process's part of a checkpoint's fold state; a checkpoint written mid-fold by
     another number of processes is refused (each rank's envs and replay were saved)."""
@@ -337,6 +294,6 @@ def fold_state_for(
     if ranks is None:
         return fold_state
     own = fold_state["ranks"][ranks.rank]
-    ranks._learner.agent.generator.set_state(own["agent_generator"])  # this rank's streams
+    learner.agent.generator.set_state(own["agent_generator"])  # this rank's streams
     torch.set_rng_state(own["torch_rng"])
     return own

@@ -137,10 +137,9 @@ def _run(
     main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
     torch.manual_seed(cfg.run.seed)
+    parts = {} if ranks is None else ranks.parts()  # DDP; bounds and flags over the ranks
     with Lifecycle() as life:
-        learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
-    if ranks is not None:
-        ranks.wrap(learner)  # DDP on the agent; bounds and flags reduced over the ranks
+        learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device, **parts)
     if setup is not None:
         setup(learner)
     prog, fold_state = Progress(), None
@@ -149,7 +148,8 @@ def _run(
         print(f"{run_dir} has no checkpoint yet: starting it over", file=sys.stderr, flush=True)
     elif resume:
         prog, fold_state = load_checkpoint(run_dir, learner, path)
-        fold_state = fold_state_for(fold_state, ranks, path or "last.pt")  # this rank's part
+        # this rank's part (and its random streams)
+        fold_state = fold_state_for(fold_state, ranks, path or "last.pt", learner)
         summary_path = run_dir / "summary.json"
         written = summary_path.is_file() and (not main or (run_dir / "report.html").is_file())
         if prog.fold >= adapter.n_folds and written:  # nothing to do: write nothing
