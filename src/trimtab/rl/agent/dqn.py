@@ -144,7 +144,8 @@ class DQNAgent:
     1. ``a*_d = argmax_a Σ_i z_i p_i(x', a; θ)``  (Double DQN: the online net selects,
        van Hasselt et al. 2016); with ``double_dqn=False``, ``θ⁻`` selects (C51's own rule)
     2. ``T z_j = G + γ^k z_j``, then ``target_transform``; every branch uses the shared reward
-       and its own next action (Branching DQN's independent per-branch targets, Tavakoli 2018)
+       and its own next action (Branching DQN's independent per-branch targets, Tavakoli 2018),
+       or, where the env splits the reward (a batch ``reward [B, D]``), its own part ``G_d``
     3. ``m = Φ(T z, p(x', a*_d; θ⁻))``  (C51 projection, Bellemare et al. 2017)
     4. ``L_C51 = −Σ_i m_i log p_i(x, a_d; θ)``, averaged over branches
     5. ``L_IQN = ρ^κ`` between ``Z_τ(x, a_d; θ)`` and ``G + γ^k Z_τ'(x', a*_d; θ⁻)``
@@ -232,13 +233,14 @@ class DQNAgent:
         """The default ``support_fn``: ``(v_min, v_max)`` from the config, one per branch."""
         return self._fixed_support
 
-    def make_replay(self) -> ReplayBuffer:
-        """A replay buffer whose n-step and γ match this agent's config."""
+    def make_replay(self, reward_parts: bool = False) -> ReplayBuffer:
+        """A replay buffer whose n-step and γ match this agent's config; ``reward_parts``: the
+        env gives each branch its own reward (``[E, D]``), stored and summed per branch."""
         cfg = self.config
         return ReplayBuffer(
             cfg.replay_capacity, self.obs_dim, len(self.branch_sizes), self.device,
             n_step=cfg.n_step, gamma=cfg.gamma, prioritized=cfg.prioritized,
-            alpha=cfg.priority_alpha, beta=cfg.priority_beta,
+            alpha=cfg.priority_alpha, beta=cfg.priority_beta, reward_parts=reward_parts,
         )  # fmt: skip
 
     def atoms(self, v_min: Tensor, v_max: Tensor) -> Tensor:
@@ -313,7 +315,8 @@ class DQNAgent:
         """
         cfg = self.config
         n = batch["obs"].shape[0]
-        reward = batch["reward"].view(n, 1, 1)  # n-step return, shared by every branch
+        # n-step return: shared by every branch [B], or each branch's own part [B, D]
+        reward = batch["reward"].view(n, -1, 1)
         discount = batch["discount"].view(n, 1, 1)  # γ^k, or 0 after a termination
         next_obs = batch["next_obs"]
         # Double DQN: the online network selects a*, the target network evaluates it; without
@@ -328,7 +331,7 @@ class DQNAgent:
                 n, cfg.n_tau_target, generator=self.generator, device=self.device
             )
             next_z = _quantiles_at(self.target.quantiles(next_target.trunk, taus_next), next_action)
-            bounded = (reward + discount * next_z).float()  # [B, T', D]
+            bounded = (reward.view(n, 1, -1) + discount * next_z).float()  # [B, T', D]
         else:
             bounded = tz.abs().amax(dim=-1)  # [B, D]
         return Targets(tz, next_probs.float(), next_action, bounded)

@@ -56,6 +56,7 @@ class ReplayBuffer:
         alpha: float = 0.6,
         beta: float = 0.4,
         obs_dtype: torch.dtype = torch.float32,
+        reward_parts: bool = False,
     ) -> None:
         if capacity < 1 or obs_dim < 1 or n_branches < 1 or n_step < 1:
             raise ValueError(
@@ -70,11 +71,14 @@ class ReplayBuffer:
         self.device = torch.device(device)
         self.n_step, self.gamma = n_step, gamma
         self.prioritized, self.alpha, self.beta = prioritized, alpha, beta
+        self.reward_parts = bool(reward_parts)
+        # one reward per transition, or one per branch (``reward_parts``: ``[rows, D]``)
+        self._reward_shape = (n_branches,) if self.reward_parts else ()
         rows, dev = capacity + 1, self.device  # row `capacity` is the scratch row
         self.obs = torch.zeros(rows, obs_dim, dtype=obs_dtype, device=dev)
         self.next_obs = torch.zeros(rows, obs_dim, dtype=obs_dtype, device=dev)
         self.action = torch.zeros(rows, n_branches, dtype=torch.int64, device=dev)
-        self.reward = torch.zeros(rows, dtype=torch.float32, device=dev)
+        self.reward = torch.zeros(rows, *self._reward_shape, dtype=torch.float32, device=dev)
         self.discount = torch.zeros(rows, dtype=torch.float32, device=dev)
         self.priority = torch.zeros(rows if prioritized else 0, dtype=torch.float32, device=dev)
         self._ptr = torch.zeros((), dtype=torch.int64, device=dev)
@@ -107,7 +111,8 @@ class ReplayBuffer:
         truncated: Tensor,
     ) -> None:
         """Add one step of ``n_envs`` envs: ``obs/next_obs [E, obs_dim]``, ``action [E, D]``,
-        ``reward/terminated/truncated [E]``. Completed n-step transitions are stored."""
+        ``reward [E]`` (``[E, D]``, one per branch, with ``reward_parts``),
+        ``terminated/truncated [E]``. Completed n-step transitions are stored."""
         terminated = terminated.to(self.device, torch.bool)
         if self.n_step == 1:  # every step leaves its window at once: store it directly
             self._add_one_step(obs, action, reward, next_obs, terminated)
@@ -156,8 +161,12 @@ class ReplayBuffer:
         # 2. Return and discount of every pending transition if it left now.
         pos = torch.arange(n, device=self.device)
         valid = pos >= n - length.unsqueeze(1)  # [E, n]
-        rewards = torch.where(valid, windows["reward"], 0.0)
-        returns = n_step_returns(rewards, self.gamma)  # [E, n]
+        if self.reward_parts:  # [E, n, D]: each branch's n-step return over the n axis
+            rewards = torch.where(valid.unsqueeze(-1), windows["reward"], 0.0)
+            returns = n_step_returns(rewards.transpose(1, 2), self.gamma).transpose(1, 2)
+        else:
+            rewards = torch.where(valid, windows["reward"], 0.0)
+            returns = n_step_returns(rewards, self.gamma)  # [E, n]
         discount = n_step_discounts(n - pos, terminated.unsqueeze(1), self.gamma)  # [E, n]
 
         # 3. Who leaves: everyone at an episode end, else the oldest once it has n rewards.
@@ -166,7 +175,7 @@ class ReplayBuffer:
             emit.reshape(-1),
             obs=windows["obs"].reshape(n_envs * n, -1),
             action=windows["action"].reshape(n_envs * n, -1),
-            reward=returns.reshape(-1),
+            reward=returns.reshape(n_envs * n, *self._reward_shape),
             next_obs=next_obs.unsqueeze(1).expand(n_envs, n, -1).reshape(n_envs * n, -1),
             discount=discount.reshape(-1),
         )
@@ -200,7 +209,9 @@ class ReplayBuffer:
         self._win = {
             "obs": torch.zeros(n_envs, n, self.obs_dim, dtype=self.obs.dtype, device=dev),
             "action": torch.zeros(n_envs, n, self.n_branches, dtype=torch.int64, device=dev),
-            "reward": torch.zeros(n_envs, n, dtype=torch.float32, device=dev),
+            "reward": torch.zeros(
+                n_envs, n, *self._reward_shape, dtype=torch.float32, device=dev
+            ),
         }
         self._win_len = torch.zeros(n_envs, dtype=torch.int64, device=dev)
         self._env_index = torch.arange(n_envs, device=dev)
@@ -270,6 +281,7 @@ class ReplayBuffer:
             "gamma": self.gamma,
             "prioritized": self.prioritized,
             "alpha": self.alpha,
+            "reward_parts": self.reward_parts,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -284,9 +296,10 @@ class ReplayBuffer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != self._config():
+        saved = {"reward_parts": False, **state["config"]}  # saved before per-branch rewards
+        if saved != self._config():
             raise ValueError(
-                f"replay state was saved with {state['config']}, this buffer is {self._config()}; "
+                f"replay state was saved with {saved}, this buffer is {self._config()}; "
                 "construct the buffer with the saved settings to resume"
             )
         self.beta = state["beta"]

@@ -13,17 +13,20 @@ from numpy.lib.stride_tricks import sliding_window_view
 from trimtab.rl.data.load import MarketData
 
 FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z", "autocorr_20",
-                 "mkt_autocorr_20", "ac_move_1", "mkt_ac_move_1")  # fmt: skip
+                 "mkt_autocorr_20", "ac_move_1", "mkt_ac_move_1", "mkt_vol_10")  # fmt: skip
 #: what the agent observes unless ``env.features`` says otherwise: the two products
 #: ``ac_move_1``/``mkt_ac_move_1`` were measured as inputs (docs: guides/walk-forward.md#folds) and
 #: left out
-DEFAULT_FEATURES = FEATURE_NAMES[:8]
+DEFAULT_FEATURES = (*FEATURE_NAMES[:8], "mkt_vol_10")
 RETURN_HORIZONS = (1, 5, 20)
 VOL_WINDOW = 20
 VOLUME_WINDOW = 20
 #: days of the rolling lag-1 autocorrelation: whether yesterday's move tends to continue
 #: (momentum) or reverse, the sign of the bet on it
 AUTOCORR_WINDOW = 20
+#: days of the market-wide volatility level ``mkt_vol_10``: short enough to follow a change of
+#: regime within days, long enough that four assets' mean |r| is not one day's noise
+MKT_VOL_WINDOW = 10
 WARMUP = max(*RETURN_HORIZONS, VOL_WINDOW, VOLUME_WINDOW - 1, AUTOCORR_WINDOW + 1)
 """Days 0..WARMUP-1 lack a full look-back; their features are NaN. Slice them off."""
 STD_FLOOR = 1e-12
@@ -81,6 +84,10 @@ def compute_features(data: MarketData) -> np.ndarray:
     move = np.where(vol > STD_FLOOR, out[:, :, 0] / np.where(vol > STD_FLOOR, vol, 1.0), 0.0)
     out[:, :, 8] = out[:, :, 6] * move
     out[:, :, 9] = out[:, :, 7] * move
+    if t_len > MKT_VOL_WINDOW:
+        mean_abs = np.abs(sliding_window_view(r, MKT_VOL_WINDOW, axis=0)).mean(axis=-1)
+        level = np.log(np.maximum(mean_abs, STD_FLOOR)).mean(axis=1, keepdims=True)
+        out[MKT_VOL_WINDOW:, :, 10] = level
     out[:WARMUP] = np.nan
     return out
 

@@ -35,6 +35,8 @@ class MarketAdapter:
         from trimtab.rl.run.walkforward import load_market, make_folds
 
         self.cfg, self.device = cfg, device
+        # each asset's branch learns from its own asset's part of the return (env.reward)
+        self.reward_parts = cfg.env.reward == "per_asset"
         self.market = load_market(cfg)  # a DataError here leaves no run directory behind
         self.folds = make_folds(self.market.n_days, cfg)
         self.n_folds, self.n_envs = len(self.folds), cfg.env.n_envs
@@ -65,12 +67,14 @@ class MarketAdapter:
             self.feats[a:b], self.market.fills.slice(a, b), n_envs=env_cfg.n_envs,
             window_len=min(env_cfg.episode_days, b - a - 1), levels=env_cfg.levels,
             costs=self.market.costs, device=self.device, seed=seed,
+            reward_parts=self.reward_parts,
         )  # fmt: skip
         return self.env.reset()
 
     def step(self, action: Tensor) -> EnvStep:
         r = self.env.step(action)
-        return EnvStep(r.obs, r.reward, r.final_obs, r.terminated, r.truncated, r.episode_return)
+        reward = r.parts if self.reward_parts else r.reward
+        return EnvStep(r.obs, reward, r.final_obs, r.terminated, r.truncated, r.episode_return)
 
     def generators(self) -> list[torch.Generator]:
         """What a step draws from (episode starts): registered with a captured collection."""
@@ -151,6 +155,7 @@ class GymAdapter:
 
     #: the envs step on the host: collection runs eagerly (trimtab.rl.run.collect)
     on_device = False
+    reward_parts = False  # one reward per step
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         import gymnasium as gym
@@ -289,6 +294,7 @@ class TorchCartPoleAdapter(GymAdapter):
     ``gym.eval_episodes`` torch envs at once."""
 
     on_device = True
+    reward_parts = False  # one reward per step
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device

@@ -79,6 +79,7 @@ class BsuiteAdapter:
 
     #: the env steps on the host: collection runs eagerly (trimtab.rl.run.collect)
     on_device = False
+    reward_parts = False  # one reward per step
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         _, sweep, _ = bsuite_modules()

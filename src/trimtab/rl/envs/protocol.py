@@ -17,7 +17,8 @@ __all__ = ["EnvAdapter", "EnvStep", "FoldPlan"]
 
 
 class EnvStep(NamedTuple):
-    """One step of ``E`` envs, as device tensors. ``reward`` is the env's own (unscaled);
+    """One step of ``E`` envs, as device tensors. ``reward`` is the env's own (unscaled), ``[E]``
+    or, from an adapter with ``reward_parts``, one part per action branch ``[E, D]``;
     ``final_obs`` is the true successor also where an episode ended (the next episode's first
     observation is in ``obs``); ``episode_return [E]`` is the unscaled return of the episode
     that ended at this step, read only where ``terminated | truncated``."""
@@ -61,6 +62,9 @@ class EnvAdapter(Protocol):
 
     #: whether the envs live on the run's device (a collection step can then be captured)
     on_device: bool
+    #: whether ``EnvStep.reward`` is ``[E, D]``, one part per action branch (summing to the
+    #: step's reward), rather than one shared ``[E]``
+    reward_parts: bool
     n_envs: int
     n_folds: int
     obs_dim: int

@@ -24,6 +24,7 @@ from trimtab.rl.backtest.execution import (
     Fills,
     ruined,
     step_log_return,
+    step_reward_parts,
 )
 
 __all__ = ["BPS", "RUIN_EQUITY", "BatchedTradingEnv", "Evaluation", "StepResult",
@@ -63,6 +64,9 @@ class StepResult(NamedTuple):
     truncated: Tensor
     final_obs: Tensor
     episode_return: Tensor
+    #: ``[n_envs, A]``: each asset's part of the step's return
+    #: (:func:`~trimtab.rl.backtest.execution.step_reward_parts`), with ``reward_parts=True``
+    parts: Tensor | None = None
 
 
 class BatchedTradingEnv:
@@ -99,6 +103,7 @@ class BatchedTradingEnv:
         device: torch.device | str | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
+        reward_parts: bool = False,
     ) -> None:
         feats = torch.as_tensor(features)
         fills, self.costs = as_fills(returns), as_costs(costs)
@@ -126,6 +131,7 @@ class BatchedTradingEnv:
         self.post = torch.expm1(torch.as_tensor(fills.post, device=self.device)).to(dtype)
         self.levels = torch.tensor([float(x) for x in levels], device=self.device, dtype=dtype)
         self.n_envs, self.window_len, self.n_assets = n_envs, window_len, n_assets
+        self.reward_parts = bool(reward_parts)
         self.n_days = t_len
         self.obs_dim = n_assets * feats.shape[2] + n_assets
         self.max_start = t_len - 1 - window_len
@@ -191,6 +197,11 @@ class BatchedTradingEnv:
             new_pos, self.position, pre, post, self.costs, self.fills.overnight_old
         )
         terminated = ruined(new_pos, self.position, pre, post)
+        parts = None
+        if self.reward_parts:
+            parts = step_reward_parts(
+                new_pos, self.position, pre, post, self.costs, self.fills.overnight_old
+            )
         self.t += 1
         self.position.copy_(new_pos)
         self.episode_return += reward
@@ -206,7 +217,7 @@ class BatchedTradingEnv:
         self.position.mul_((~done).to(self.dtype).unsqueeze(1))
         self.episode_return.mul_((~done).to(self.dtype))
         obs = self.observe(self.t, self.position)
-        return StepResult(obs, reward, terminated, truncated, final_obs, ep_return)
+        return StepResult(obs, reward, terminated, truncated, final_obs, ep_return, parts)
 
 
 def portfolio_log_return(
