@@ -287,7 +287,8 @@ def _train_fold(
     agent, device = learner.agent, torch.device(cfg.run.device)
     env_seed, sample_seed = fold_seeds(cfg.run.seed, plan.index)
     obs = adapter.open_fold(plan.index, env_seed)
-    replay = agent.make_replay(adapter.reward_parts)  # a fresh buffer per fold (market features are renormalised)
+    # a fresh buffer per fold (market features are renormalised)
+    replay = agent.make_replay(adapter.reward_parts)
     generator = torch.Generator(device=device).manual_seed(sample_seed)
     # act -> env step -> check -> store, one batched env step per call: captured in a CUDA graph
     # where the envs live on a CUDA device (trimtab.rl.run.collect)
