@@ -93,7 +93,7 @@ def test_signed_moves_and_the_features_a_run_observes(data) -> None:
     move = f[t, a, 0] / f[t, a, 3]  # today's return in units of its 20-day volatility
     assert f[t, a, 8] == pytest.approx(f[t, a, 6] * move)
     assert f[t, a, 9] == pytest.approx(f[t, :, 6].mean() * move)
-    assert FEATURE_NAMES[:8] == DEFAULT_FEATURES
+    assert DEFAULT_FEATURES == (*FEATURE_NAMES[:8], "mkt_vol_10")
     picked = select_features(f, ("vol_20", "ret_1"))
     assert np.array_equal(picked, f[..., [3, 0]], equal_nan=True)
     cfg = from_dict(TrainConfig, {"env": {"features": ["ret_1", "mkt_ac_move_1"]}})
@@ -103,3 +103,14 @@ def test_signed_moves_and_the_features_a_run_observes(data) -> None:
             from_dict(TrainConfig, {"env": {"features": bad}})
     with pytest.raises(ConfigError, match=r"env\.features .* does nothing in a Gymnasium run"):
         from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1", "features": ["ret_1"]}})
+
+
+def test_market_volatility_level_by_hand(data) -> None:
+    """``mkt_vol_10`` at day t: the assets' mean of log(mean |r| over days t-9..t), the same
+    for every asset (causality: test_no_look_ahead, which covers every feature)."""
+    f = compute_features(data)
+    r = np.diff(np.log(data.adj_close), axis=0)  # r[i] is day i + 1's return
+    col = FEATURE_NAMES.index("mkt_vol_10")
+    for t in (30, 200, len(f) - 1):
+        want = np.mean([np.log(np.abs(r[t - 10 : t, a]).mean()) for a in range(r.shape[1])])
+        assert f[t, :, col] == pytest.approx(np.full(r.shape[1], want))

@@ -36,8 +36,8 @@ def replays(monkeypatch):
     made = []
     make_replay = DQNAgent.make_replay
 
-    def spy(agent):
-        made.append(make_replay(agent))
+    def spy(agent, *args):
+        made.append(make_replay(agent, *args))
         return made[-1]
 
     monkeypatch.setattr(DQNAgent, "make_replay", spy)
