@@ -26,6 +26,10 @@ quarter (fit on the first three quarters), then refit on the whole window:
 - ``mlp``: a small MLP (2 x 32, weight decay, 300 full-batch Adam epochs);
 - ``ridge_ac``: ridge on the features plus the two signed-move products ``ac_move_1``,
   ``mkt_ac_move_1`` alone;
+- ``volbin``: ridge on ``ret_1`` and a constant within each of ``VOL_BINS`` bins of the
+  market's volatility level ``mkt_vol_10`` (bin edges: quantiles of the training window): a
+  sign of the bet on yesterday's move per volatility level, the model class of the market's
+  regime-dependent autocorrelation, with 2 x ``VOL_BINS`` coefficients;
 - ``regime_known``: a diagnostic ceiling that no trader has: ridge on the day's true regime
   (one-hot) and its product with ``ret_1``; it says whether one fold's data suffice once the
   regime is known (then the features, not the data, are what limit a learner).
@@ -61,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "probe_signal.json"
 LAMBDAS = (0.1, 1.0, 10.0, 100.0, 1000.0)
 BAND_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9)
+VOL_BINS = 6
 
 
 def design(x: np.ndarray, kind: str) -> np.ndarray:
@@ -152,6 +157,7 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
         "ridge_ac": (ac_idx, "linear"),
         "ridge_pairs": (default_idx, "pairs"),
         "mlp": (default_idx, "mlp"),
+        "volbin": ([FEATURE_NAMES.index("ret_1"), FEATURE_NAMES.index("mkt_vol_10")], "volbin"),
         # a diagnostic ceiling, not a trader: the day's true regime (one-hot, and x ret_1)
         "regime_known": ([FEATURE_NAMES.index("ret_1")], "regime"),
     }
@@ -167,6 +173,8 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
         tr = np.arange(fold.train_start, fold.fit_end - 2)  # targets inside the fit window
         cut = tr[: int(0.75 * len(tr))], tr[int(0.75 * len(tr)) :]
         te = np.arange(start, end)
+        level = feats[:, 0, FEATURE_NAMES.index("mkt_vol_10")]  # the same for every asset
+        edges = np.quantile(level[tr], np.linspace(0, 1, VOL_BINS + 1)[1:-1])
         r = market.log_returns
         base_curves["buy_and_hold"].append(
             run_levels(bl.buy_and_hold(r, start=start, end=end), market, start, end)[0]
@@ -179,8 +187,11 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
         )
         for name, (idx, kind) in models.items():
 
-            def rows(days: np.ndarray, idx=idx, kind=kind, feats=feats) -> np.ndarray:
+            def rows(days: np.ndarray, idx=idx, kind=kind, feats=feats, edges=edges) -> np.ndarray:
                 x = feats[days][:, :, idx].reshape(-1, len(idx))
+                if kind == "volbin":  # [ret_1, level] -> per bin: ret_1 and a constant
+                    onehot = np.eye(VOL_BINS)[np.searchsorted(edges, x[:, 1])]
+                    return np.concatenate([onehot * x[:, :1], onehot], 1)
                 if kind == "regime":
                     oh = np.repeat(np.eye(4)[market.regimes[days]], feats.shape[1], axis=0)
                     return np.concatenate([oh, oh * x], 1)

@@ -285,12 +285,12 @@ class EnvConfig:
     # metrics, episode returns and evaluation always use the unscaled rewards (a stress knob:
     # market rewards x100 as in a P&L unit)
     reward_scale: float = 1.0
-    # market only: what each asset's action branch learns from: "per_asset", its own asset's
-    # part of the step's return (what its position earned and paid; the parts sum to the
-    # portfolio's simple return), or "portfolio", the whole portfolio's return shared by every
-    # branch. Metrics and evaluation use the portfolio's return either way.
-    # docs: guides/walk-forward.md#the-agents-reward
-    reward: Literal["per_asset", "portfolio"] = "per_asset"
+    # market only: what each asset's action branch learns from: "portfolio", the whole
+    # portfolio's net log return shared by every branch, or "per_asset", its own asset's part
+    # of the step's return (what its position earned and paid; the parts sum to the portfolio's
+    # simple return). Metrics and evaluation use the portfolio's return either way.
+    # docs: guides/walk-forward.md#what-the-agent-was-given
+    reward: Literal["portfolio", "per_asset"] = "portfolio"
     # environments stepped together (market or Gymnasium); "auto" = the device profile's
     # (DEVICE_PROFILES: 16 on the CPU, 64 on CUDA where the envs live on the device)
     n_envs: int | Literal["auto"] = "auto"

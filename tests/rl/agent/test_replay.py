@@ -180,3 +180,27 @@ def test_capacity_must_hold_one_step():
     buf = ReplayBuffer(4, 3, 2, n_step=2)
     with pytest.raises(ValueError, match="capacity"):
         buf.add(*_script(n_envs=3, steps=1)[0])
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_reward_parts_are_summed_per_branch(n_step):
+    """With ``reward_parts`` each branch's stored return is the n-step return of its own
+    reward column: branch b of a buffer fed ``[r, 2r]`` holds what a shared buffer fed ``r``
+    holds, times b + 1; everything else is stored as the shared buffer stores it."""
+    rows = _script(n_envs=3, steps=14)
+    shared = ReplayBuffer(256, 3, 2, n_step=n_step, gamma=GAMMA)
+    split = ReplayBuffer(256, 3, 2, n_step=n_step, gamma=GAMMA, reward_parts=True)
+    for obs, action, reward, nxt, term, trunc in rows:
+        shared.add(obs, action, reward, nxt, term, trunc)
+        split.add(obs, action, torch.stack([reward, 2 * reward], 1), nxt, term, trunc)
+    n = len(shared)
+    assert len(split) == n and split.reward.shape[1:] == (2,)
+    for key in ("obs", "action", "next_obs", "discount"):
+        assert torch.equal(getattr(split, key)[:n], getattr(shared, key)[:n])
+    torch.testing.assert_close(split.reward[:n, 0], shared.reward[:n])
+    torch.testing.assert_close(split.reward[:n, 1], 2 * shared.reward[:n])
+    batch = split.sample(8, torch.Generator().manual_seed(0))
+    assert batch["reward"].shape == (8, 2)
+    other = ReplayBuffer(256, 3, 2, n_step=n_step, gamma=GAMMA)
+    with pytest.raises(ValueError, match="reward_parts"):
+        other.load_state_dict(split.state_dict())

@@ -15,9 +15,9 @@ from trimtab.rl.data.load import MarketData
 FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z", "autocorr_20",
                  "mkt_autocorr_20", "ac_move_1", "mkt_ac_move_1", "mkt_vol_10")  # fmt: skip
 #: what the agent observes unless ``env.features`` says otherwise: the two products
-#: ``ac_move_1``/``mkt_ac_move_1`` were measured as inputs (docs: guides/walk-forward.md#folds) and
-#: left out
-DEFAULT_FEATURES = (*FEATURE_NAMES[:8], "mkt_vol_10")
+#: ``ac_move_1``/``mkt_ac_move_1`` and the volatility level ``mkt_vol_10`` were measured as inputs
+#: (docs: guides/walk-forward.md#what-the-agent-was-given) and left out
+DEFAULT_FEATURES = FEATURE_NAMES[:8]
 RETURN_HORIZONS = (1, 5, 20)
 VOL_WINDOW = 20
 VOLUME_WINDOW = 20
