@@ -258,6 +258,10 @@ def rows_table(rows: list[dict], max_rows: int = 40, max_cols: int = 12) -> str:
     return out
 
 
+#: a table of more rows than this is folded (a click opens it), so a page reads summary first
+OPEN_ROWS = 8
+
+
 def generic_record(rec: dict) -> str:
     out = []
     skip = (*PROVENANCE, "command", "how")
@@ -272,7 +276,11 @@ def generic_record(rec: dict) -> str:
         if len(items) > 30:
             out.append(f"\n*{len(items) - 30} more fields in the JSON.*\n")
     for where, rows in list_tables(rec)[:6]:
-        out.append(f"\n`{where}`:\n\n" + rows_table(rows))
+        if len(rows) > OPEN_ROWS:
+            # the summary above reads first; the raw rows open on a click
+            out.append(f'\n??? info "`{where}`: {len(rows)} rows"\n\n' + indent(rows_table(rows)))
+        else:
+            out.append(f"\n`{where}`:\n\n" + rows_table(rows))
     return "\n".join(out)
 
 
