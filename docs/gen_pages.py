@@ -139,6 +139,7 @@ def recorded_command(rec: dict) -> str | None:
 
 #: results file (its stem, or a prefix of it) -> the benchmark script that writes it
 SCRIPTS: dict[str, str] = {
+    "test_suite": "test_suite",
     "agent_vs_baselines": "agent_vs_baselines",
     "capture_parity": "tests/rl/agent/test_learner_gpu.py",
     "capture_probe": "probe_capture",
@@ -616,7 +617,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
     "speed": (
         "Speed: trainer, CUDA graphs, several processes",
         "Step times and throughput of the trainer on the CPU and the H200, the captured step's "
-        "parity, profiles, DDP and Ray sweeps.",
+        "parity, profiles, DDP and Ray sweeps; the time of the whole test suite.",
         [
             "trainer_cpu",
             "trainer_h200",
@@ -634,6 +635,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "ddp_cpu",
             "ddp_h200_1gpu",
             "sweep_h200",
+            "test_suite",
         ],
     ),
     "kernels": (

@@ -607,3 +607,32 @@ def test_short_commands_run_as_written(tmp_path):
         )
         assert proc.returncode == 0, (argv, proc.stderr[-2000:])
         assert proc.stdout.strip(), argv
+
+
+def test_run_directory_commands_run_as_written(report_warned, tmp_path):
+    """The guides' ``trimtab report RUN_DIR`` and ``trimtab eval RUN_DIR --data ...`` lines,
+    on a finished run, with its directory and data folder put in for the placeholders; and the
+    docs page's ``python docs/gen_pages.py --out ...``."""
+    run = report_warned.parent
+    prices = run.parent / "prices"
+    swap = {"runs/RUN_DIR": str(run), "other_prices/": str(prices), "prices/": str(prices)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    ran = set()
+    for path, argv in _commands():
+        if argv[0] not in ("eval", "report") or "--resume" in argv:
+            continue
+        argv = [swap.get(a, a) for a in argv]
+        proc = subprocess.run([sys.executable, "-m", "trimtab", *argv], capture_output=True,
+                              text=True, env=env, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, (path.name, argv, proc.stderr[-2000:])
+        ran.add(argv[0])
+    assert ran == {"eval", "report"}
+    line = next(ln for _, code in _blocks("bash") for ln in code.splitlines()
+                if ln.startswith("python docs/gen_pages.py"))  # fmt: skip
+    argv = line.split("#")[0].split()[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "pages")
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "pages/reference/config.md").is_file()
+    assert (tmp_path / "pages/results/trading.md").is_file()
