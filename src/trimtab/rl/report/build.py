@@ -45,7 +45,7 @@ _CSS = (
     "td:first-child{text-align:left}img{max-width:100%}.bad{color:#b00}"
     ".verdict{font-size:1.15em;font-weight:bold;padding:0.5em;background:#f4f4f4}"
     ".warn{border:2px solid #b00;background:#fff2f2;padding:0.5em 1em;color:#700}"
-    ".warn td{text-align:left;white-space:nowrap}.warn td:last-child{white-space:normal}"
+    ".warn td,.warn th{text-align:left;white-space:nowrap}.warn td:last-child{white-space:normal}"
     ".optimistic{color:#b00;font-weight:bold}"
 )
 
