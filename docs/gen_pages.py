@@ -139,6 +139,7 @@ def recorded_command(rec: dict) -> str | None:
 
 #: results file (its stem, or a prefix of it) -> the benchmark script that writes it
 SCRIPTS: dict[str, str] = {
+    "test_suite": "test_suite",
     "agent_vs_baselines": "agent_vs_baselines",
     "capture_parity": "tests/rl/agent/test_learner_gpu.py",
     "capture_probe": "probe_capture",
@@ -258,6 +259,10 @@ def rows_table(rows: list[dict], max_rows: int = 40, max_cols: int = 12) -> str:
     return out
 
 
+#: a table of more rows than this is folded (a click opens it), so a page reads summary first
+OPEN_ROWS = 8
+
+
 def generic_record(rec: dict) -> str:
     out = []
     skip = (*PROVENANCE, "command", "how")
@@ -272,7 +277,11 @@ def generic_record(rec: dict) -> str:
         if len(items) > 30:
             out.append(f"\n*{len(items) - 30} more fields in the JSON.*\n")
     for where, rows in list_tables(rec)[:6]:
-        out.append(f"\n`{where}`:\n\n" + rows_table(rows))
+        if len(rows) > OPEN_ROWS:
+            # the summary above reads first; the raw rows open on a click
+            out.append(f'\n??? info "`{where}`: {len(rows)} rows"\n\n' + indent(rows_table(rows)))
+        else:
+            out.append(f"\n`{where}`:\n\n" + rows_table(rows))
     return "\n".join(out)
 
 
@@ -608,7 +617,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
     "speed": (
         "Speed: trainer, CUDA graphs, several processes",
         "Step times and throughput of the trainer on the CPU and the H200, the captured step's "
-        "parity, profiles, DDP and Ray sweeps.",
+        "parity, profiles, DDP and Ray sweeps; the time of the whole test suite.",
         [
             "trainer_cpu",
             "trainer_h200",
@@ -626,6 +635,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "ddp_cpu",
             "ddp_h200_1gpu",
             "sweep_h200",
+            "test_suite",
         ],
     ),
     "kernels": (

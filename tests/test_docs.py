@@ -413,16 +413,13 @@ def test_site_pages_in_a_browser(site, browser, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
+def _train(out: Path, *extra: str) -> Path:
     """A two-fold market run of a few seconds on the CPU, through the command line."""
-    out = tmp_path_factory.mktemp("run") / "run"
     sets = [
         "run.progress=false",
         "walkforward.folds=2",
         "walkforward.steps_per_fold=30",
         "walkforward.learning_starts=64",
-        "data.synthetic_days=400",
         "backtest.random_draws=8",
         "backtest.bootstrap_draws=50",
         "run.log_every=4",
@@ -430,13 +427,48 @@ def report(tmp_path_factory) -> Path:
         "agent.batch_size=16",
         "env.n_envs=4",
     ]
-    cmd = [sys.executable, "-m", "trimtab", "train", "--out", str(out)]
+    cmd = [sys.executable, "-m", "trimtab", "train", "--out", str(out), *extra]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out / "report.html"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    """The embedded market: every baseline, the oracle among them; no data warnings."""
+    return _train(tmp_path_factory.mktemp("run") / "run", "--set", "data.synthetic_days=400")
+
+
+def _prices_with_defects(folder: Path) -> None:
+    """Two assets' daily CSVs, 700 business days; BBB misses 20 days (a gap, and what AAA
+    loses to alignment) and halves on one day with no Adj Close (a split-like jump)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    days = np.busday_offset("2015-01-01", np.arange(700), roll="forward")
+    folder.mkdir(parents=True)
+    for name in ("AAA", "BBB"):
+        close = 100 * np.exp(np.cumsum(rng.normal(2e-4, 0.01, len(days))))
+        keep = np.ones(len(days), bool)
+        if name == "BBB":
+            keep[300:320] = False
+            close[500:] /= 2
+        lines = ["Date,Open,High,Low,Close,Volume"]
+        for d, c, k in zip(days, close, keep):
+            if k:
+                lines.append(f"{d},{c:.4f},{c * 1.004:.4f},{c * 0.996:.4f},{c:.4f},1000000")
+        (folder / f"{name}.csv").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def report_warned(tmp_path_factory) -> Path:
+    """Your own data, with the defects the data guide says are reported, never absorbed."""
+    tmp = tmp_path_factory.mktemp("warned")
+    _prices_with_defects(tmp / "prices")
+    return _train(tmp / "run", "--data", str(tmp / "prices"))
 
 
 def test_report_in_a_browser(report, browser, tmp_path):
@@ -455,6 +487,39 @@ def test_report_in_a_browser(report, browser, tmp_path):
              "Out-of-sample results per fold", "Training diagnostics"]  # fmt: skip
     at = [html.find(h) for h in order]
     assert all(i >= 0 for i in at) and at == sorted(at), dict(zip(order, at))
+
+
+def test_report_with_data_warnings_in_a_browser(report_warned, browser, tmp_path):
+    """The warnings stand out before any figure, each said once, and flag what they touch."""
+    shot = save_shot(tmp_path, "report-data-warnings")
+    page = browser.open(report_warned.as_uri(), shot, max_height=16000)
+    keep(shot)
+    assert not page["errors"] and not page["failed"] and not page["broken"], page
+    html = report_warned.read_text()
+    box = html.split("<div class=warn>")[1].split("</div>")[0]
+    for kind in ("gap", "alignment", "split"):
+        assert f"<td>{kind}</td>" in box, kind
+    assert box.count("20 business days missing") == 1, "a warning said twice"
+    assert "Read the data warnings first" in html
+    at = [html.find(h) for h in ("class=verdict", "Data warnings", "Pooled out of sample")]
+    assert all(i >= 0 for i in at) and at == sorted(at), at
+
+
+def test_training_plots_name_the_window_each_fold_trained_on():
+    import numpy as np
+
+    from trimtab.rl.report.plots import _train_windows, figure
+
+    ax = figure().subplots()
+    step, fold = np.arange(1.0, 7.0), np.array([0.0, 0, 0, 1, 1, 1])
+    folds = [{"fold": 0, "train_start": "2010-02-03", "train_end": "2010-07-23"},
+             {"fold": 1, "train_start": "2010-07-29", "train_end": "2011-01-17"}]  # fmt: skip
+    _train_windows(ax, step, fold, folds)
+    assert [t.get_text() for t in ax.texts] == [
+        " fold 0: trained on 2010-02-03 … 2010-07-23",
+        " fold 1: trained on 2010-07-29 … 2011-01-17",
+    ]
+    assert [t.get_position()[0] for t in ax.texts] == [1.0, 4.0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -542,3 +607,32 @@ def test_short_commands_run_as_written(tmp_path):
         )
         assert proc.returncode == 0, (argv, proc.stderr[-2000:])
         assert proc.stdout.strip(), argv
+
+
+def test_run_directory_commands_run_as_written(report_warned, tmp_path):
+    """The guides' ``trimtab report RUN_DIR`` and ``trimtab eval RUN_DIR --data ...`` lines,
+    on a finished run, with its directory and data folder put in for the placeholders; and the
+    docs page's ``python docs/gen_pages.py --out ...``."""
+    run = report_warned.parent
+    prices = run.parent / "prices"
+    swap = {"runs/RUN_DIR": str(run), "other_prices/": str(prices), "prices/": str(prices)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    ran = set()
+    for path, argv in _commands():
+        if argv[0] not in ("eval", "report") or "--resume" in argv:
+            continue
+        argv = [swap.get(a, a) for a in argv]
+        proc = subprocess.run([sys.executable, "-m", "trimtab", *argv], capture_output=True,
+                              text=True, env=env, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, (path.name, argv, proc.stderr[-2000:])
+        ran.add(argv[0])
+    assert ran == {"eval", "report"}
+    line = next(ln for _, code in _blocks("bash") for ln in code.splitlines()
+                if ln.startswith("python docs/gen_pages.py"))  # fmt: skip
+    argv = line.split("#")[0].split()[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "pages")
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "pages/reference/config.md").is_file()
+    assert (tmp_path / "pages/results/trading.md").is_file()

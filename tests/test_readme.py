@@ -39,3 +39,16 @@ def test_readme_links_resolve():
     assert links
     missing = [ln for ln in links if "://" not in ln and not (ROOT / ln).exists()]
     assert not missing, missing
+
+
+def test_readme_test_time_is_the_recorded_one():
+    """The suite's time in the README is the record it names, in minutes as written."""
+    import json
+
+    text = " ".join(README.read_text().split())
+    m = re.search(r"took \*\*([\d.]+) minutes\*\* of wall time \(([\d.]+) minutes of CPU time\)"
+                  r".*?record `(\w+)` of `(benchmarks/results/[\w.]+)`", text)  # fmt: skip
+    assert m, "the README's test time and the record it comes from"
+    rec = json.loads((ROOT / m[4]).read_text())[m[3]]
+    assert rec["command"] == "python -m pytest -q" and not rec["quick"]
+    assert f"{rec['wall_s'] / 60:.1f}" == m[1] and f"{rec['cpu_s'] / 60:.1f}" == m[2]

@@ -45,6 +45,7 @@ _CSS = (
     "td:first-child{text-align:left}img{max-width:100%}.bad{color:#b00}"
     ".verdict{font-size:1.15em;font-weight:bold;padding:0.5em;background:#f4f4f4}"
     ".warn{border:2px solid #b00;background:#fff2f2;padding:0.5em 1em;color:#700}"
+    ".warn td,.warn th{text-align:left;white-space:nowrap}.warn td:last-child{white-space:normal}"
     ".optimistic{color:#b00;font-weight:bold}"
 )
 
@@ -167,8 +168,10 @@ def _warnings(summary: dict[str, Any]) -> str:
     issues = summary.get("data_issues") or []
     if not lines and not issues:
         return "<p>Data: no warnings.</p>"
-    items = "".join(f"<li>{html.escape(str(w))}</li>" for w in lines)
-    out = f"<div class=warn><h2>Data warnings</h2><ul>{items}</ul>"
+    # a warning that an issue row carries word for word is read once, in the table
+    tabled = {str(i.get("message", "")) for i in issues}
+    items = "".join(f"<li>{html.escape(str(w))}</li>" for w in lines if str(w) not in tabled)
+    out = "<div class=warn><h2>Data warnings</h2>" + (f"<ul>{items}</ul>" if items else "")
     if issues:
         keys = ("kind", "asset", "first", "last", "message")
         rows = [[str(i.get(k, "")) for k in keys] for i in issues]
@@ -209,7 +212,12 @@ def _market_body(run: Path, summary: dict[str, Any], plots: Path) -> str:
     costs = cost_line(summary)
     cls = " class=optimistic" if "OPTIMISTIC" in costs else ""
     said = verdict(summary)
-    folds = html_table(FOLD_HEAD, fold_rows(summary), flag_col=len(FOLD_HEAD) - 1)
+    rows = fold_rows(summary)
+    how = ""
+    if rows and rows[-1][0] == "all":  # how the row of all folds is made: a note, not a flag
+        how = f"<p>Row “all”: {html.escape(rows[-1][-1])}.</p>"
+        rows[-1] = [*rows[-1][:-1], ""]
+    folds = html_table(FOLD_HEAD, rows, flag_col=len(FOLD_HEAD) - 1) + how
     return (
         f"<p{cls}>{html.escape(costs)}. Sharpe: annualised mean over standard deviation of "
         "the bars' net returns in excess of cash.</p>"
@@ -237,7 +245,8 @@ def build_report(run_dir: str | Path) -> Path:
     metrics_path = run / "metrics.csv"
     if metrics_path.is_file() and metrics_path.stat().st_size > 0:
         metrics = _read_csv(metrics_path)
-        training = [plot_prefix(metrics, p, plots) for p in PREFIXES]
+        folds = summary.get("folds") if _market(summary) else None
+        training = [plot_prefix(metrics, p, plots, folds) for p in PREFIXES]
     title = html.escape(run.name)
     env = (
         f"<p>Environment: <b>{html.escape(str(summary.get('env', 'market')))}</b>. "

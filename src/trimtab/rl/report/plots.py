@@ -353,7 +353,15 @@ def market_figures(run: Path, summary: dict[str, Any]) -> tuple[dict[str, Any], 
     return figs, note
 
 
-def plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> Path | None:
+def plot_prefix(
+    metrics: dict[str, np.ndarray],
+    prefix: str,
+    out_dir: Path,
+    folds: list[dict[str, Any]] | None = None,
+) -> Path | None:
+    """One training-diagnostics plot over gradient steps, a dashed line at each fold boundary;
+    with ``folds`` (a market run's summary rows) each fold is labelled at the top with the dates
+    of the window it trained on, so the steps read as a time in the market."""
     fname, title, ylabel, log = PREFIXES[prefix]
     cols = [c for c in metrics if c.startswith(prefix)]
     if not cols or "step" not in metrics:
@@ -372,10 +380,11 @@ def plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> P
         fold = metrics["fold"]
         for b in step[1:][np.diff(fold) != 0]:
             ax.axvline(b, color="k", lw=0.6, ls="--", alpha=0.5)
+        _train_windows(ax, step, fold, folds)
     # log scale when some column has a positive value (np.nanmin of an all-NaN column warns)
     if log and any((metrics[c].astype(float) > 0).any() for c in cols):
         ax.set_yscale("log")
-    ax.set_title(title + " (dashed: fold boundaries)")
+    ax.set_title(title + " (dashed: fold boundaries)", pad=14)  # room for the fold labels
     ax.set_xlabel("gradient step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -383,7 +392,25 @@ def plot_prefix(metrics: dict[str, np.ndarray], prefix: str, out_dir: Path) -> P
         ax.legend(fontsize=8, ncol=2)
     else:  # a run that halted before its first finite value
         ax.text(0.5, 0.5, "no finite value logged", ha="center", transform=ax.transAxes)
-    margins(fig, left=0.85, right=0.15, top=0.4, bottom=0.5)
+    margins(fig, left=0.85, right=0.15, top=0.6, bottom=0.5)
     path = out_dir / fname
     fig.savefig(path, dpi=110)
     return path
+
+
+def _train_windows(
+    ax: Any, step: np.ndarray, fold: np.ndarray, folds: list[dict[str, Any]] | None
+) -> None:
+    """Above each fold's first logged step: the fold and the dates it trained on."""
+    windows = {
+        int(r["fold"]): f"{r['train_start']} … {r['train_end']}"
+        for r in folds or []
+        if r.get("train_start") and r.get("train_end")
+    }
+    ok = np.isfinite(fold)
+    starts = np.flatnonzero(np.r_[True, np.diff(fold[ok]) != 0])
+    for i in starts:
+        k = int(fold[ok][i])
+        text = f" fold {k}" + (f": trained on {windows[k]}" if k in windows else "")
+        ax.text(step[ok][i], 1.0, text, transform=ax.get_xaxis_transform(), fontsize=7,
+                va="bottom", ha="left", color="#555")  # fmt: skip
