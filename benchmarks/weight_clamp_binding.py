@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, save_record
 from trimtab.optim import WEIGHT_BOUND_FLOOR
 from trimtab.optim._reference import coefficients
 
@@ -81,16 +81,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    rows = []
-    print("| headroom | seed | updates | clamped: matrices / vectors | above the bound |")
-    print("|---:|---:|---:|---:|---:|")
+    rows, body = [], []
     for h in args.headroom:
         for seed in args.seeds:
             r = measure(args.config, h, seed, args.sets)
             rows.append(r)
             c, a = r["clamped"], r["above_bound"]
-            print(f"| {h:g} | {seed} | {r['updates']} | {c[0]:.2e} / {c[1]:.2e} | "
-                  f"{a[0]:.2%} / {a[1]:.2%} |", flush=True)  # fmt: skip
+            body.append((f"{h:g}", seed, r["updates"], f"{c[0]:.2e} / {c[1]:.2e}",
+                         f"{a[0]:.2%} / {a[1]:.2%}"))  # fmt: skip
+            print(f"headroom {h:g}, seed {seed}: done", flush=True)
+    header = ["headroom", "seed", "updates", "clamped: matrices / vectors", "above the bound"]
+    print(markdown_table(header, body, "rrrrr"))
     record = {**provenance("cpu"), "command": " ".join(["benchmarks/weight_clamp_binding.py",
               *(sys.argv[1:] if argv is None else argv)]), "config": str(args.config),
               "sets": args.sets, "runs": rows}  # fmt: skip
