@@ -26,7 +26,6 @@ it. That evaluation is part of trimtab's wall time (at most 5000 greedy steps: a
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -40,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cartpole.toml"
@@ -205,7 +204,14 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    quick = "3000 steps, learning from 1000, 5 greedy episodes: a smoke test"
+    p = benchmark_parser(
+        __doc__,
+        None,
+        quick=quick,
+        key=True,
+        quick_writes=False,
+    )
     p.add_argument("--cleanrl", type=Path, help="a CleanRL checkout (holding c51.py)")
     p.add_argument("--cleanrl-python", help="the python of CleanRL's virtual environment")
     p.add_argument("--steps", type=int, default=100_000, help="env steps per run (both sides)")
@@ -217,12 +223,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=1, help="rounds, each running every side")
     p.add_argument("--eval-episodes", type=int, default=10, help="trimtab's greedy episodes")
     p.add_argument("--runs", type=Path, default=None, help="trimtab's run dirs (default: temp)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"JSON to add a record to (default {DEFAULT_OUT.relative_to(ROOT)}; "
-                        "--quick writes only where --out is given)")  # fmt: skip
-    p.add_argument("--key", default=None, help="record name in the JSON (default: date-commit)")
-    quick = "3000 steps, learning from 1000, 5 greedy episodes: a smoke test"
-    p.add_argument("--quick", action="store_true", help=quick)
     args = p.parse_args(argv)
     steps, episodes = (3000, 5) if args.quick else (args.steps, args.eval_episodes)
     problem = peer_problem(args.cleanrl, args.cleanrl_python)
@@ -258,9 +258,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = {**provenance(), "threads": 1, "command": command, "steps": steps,
               "seed": args.seed, "quick": args.quick, "cleanrl_skipped": problem,
               "runs": rows}  # fmt: skip
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    if out is not None:
-        save_record(out, args.key, record)
+    if args.out is not None:
+        save_record(args.out, args.key, record)
     return record
 
 

@@ -20,7 +20,6 @@ recorded before each run: on a shared machine other processes take cores from ev
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, provenance, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ddp_cpu.json"
@@ -99,14 +98,13 @@ def _config_value(run_dir: Path, section: str, key: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = benchmark_parser(
+        __doc__, DEFAULT_OUT, quick="a tiny net and market (a smoke test)", device="cpu"
+    )
     p.add_argument("--steps", type=int, default=600, help="gradient steps in all (over ranks)")
     p.add_argument("--layouts", nargs="+", default=["1x1", "2x1"], help="PROCSxTHREADS")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="a tiny net and market (a smoke test)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--runs", type=Path, help="where the run directories go (default: a temp dir)")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda (each rank cuda:LOCAL_RANK)")
     p.add_argument("--dist-backend", choices=["gloo", "nccl"], help="default: the trainer's")
     p.add_argument("--full", action="store_true", help="the unmodified default run (all folds)")
     args = p.parse_args(argv)
@@ -151,7 +149,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "layouts": per_layout,
         "runs": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result, indent=1)
     for layout, v in per_layout.items():
         print(f"{layout}: best {v['best_samples_per_s']:.0f} samples/s, "

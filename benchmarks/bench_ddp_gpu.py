@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, provenance, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ddp_h200.json"
@@ -330,16 +330,14 @@ def measure(n: int, backend: str, args: argparse.Namespace, tmp: Path) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, quick="a tiny net, few steps")
     p.add_argument("--world", type=int, default=2, help="ranks to compare with one process")
     p.add_argument("--steps", type=int, default=50, help="learn steps per timed round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--probes", type=int, default=3, help="step pairs behind a device sleep")
     p.add_argument("--count-steps", type=int, default=110, help="steps whose syncs are counted")
-    p.add_argument("--quick", action="store_true", help="a tiny net, few steps")
     p.add_argument("--train-steps", type=int, default=0, help="also trimtab train (bench_ddp)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per torchrun launch")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", help=argparse.SUPPRESS)
@@ -425,7 +423,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def write(out: Path, result: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result, indent=1)
 
 

@@ -21,14 +21,13 @@ target is AdaptiveEMA MSE ≤ 1.25 × the hindsight-best fixed rate on each sign
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import torch
 
 from trimtab import AdaptiveEMA
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, write_json
 
 FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
 SIGNALS = ("stationary", "step", "random_walk", "drift", "spikes")
@@ -99,23 +98,21 @@ def run(steps: int, seeds: int, device: torch.device) -> dict[str, dict[str, flo
 def markdown(results: dict[str, dict[str, float]]) -> str:
     """The results as a markdown table (MSE against the true level; best fixed rate in bold)."""
     head = ["signal", "adaptive", *(f"α={a:g}" for a in FIXED_ALPHAS), "adaptive / best"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for name, row in results.items():
         cells = [name, f"{row['adaptive']:.4f}"]
         for a in FIXED_ALPHAS:
             v = f"{row[f'alpha={a:g}']:.4f}"
             cells.append(f"**{v}**" if a == row["best_fixed_alpha"] else v)
         ok = "✓" if row["ratio"] <= TARGET_RATIO else "✗"
-        cells.append(f"{row['ratio']:.2f} {ok}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        body.append([*cells, f"{row['ratio']:.2f} {ok}"])
+    return markdown_table(head, body)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="300 steps, 2 seeds (for tests)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = benchmark_parser(
+        __doc__, DEFAULT_OUT, quick="300 steps, 2 seeds (for tests)", device="auto"
+    )
     args = parser.parse_args(argv)
     steps, seeds = (300, 2) if args.quick else (3000, 5)
     results = run(steps, seeds, torch.device(args.device))
@@ -130,7 +127,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "target_ratio": TARGET_RATIO,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report, indent=2)
     return report
 

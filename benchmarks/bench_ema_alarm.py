@@ -16,14 +16,13 @@ threshold for several ``k``, against the Gumbel tail that sets ``EXCURSION_Z``.
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import torch
 
 from trimtab import AdaptiveEMA
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, write_json
 from trimtab.rl.agent.checks import EXCURSION_Z, FALSE_ALARM_PROB, watch_threshold
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "ema_alarm.json"
@@ -133,20 +132,15 @@ def summary(results: dict[str, dict]) -> dict[str, object]:
 
 
 def markdown(total: dict[str, object]) -> str:
-    lines = [
-        "| k (spreads) | measured P(beyond) | Gumbel P(beyond) |",
-        "|---|---|---|",
-    ]
-    for key, row in total["by_k"].items():  # type: ignore[union-attr]
-        lines.append(f"| {key} | {row['measured']:.3g} ({row['count']}) | {row['gumbel']:.3g} |")
-    return "\n".join(lines)
+    body = [(key, f"{row['measured']:.3g} ({row['count']})", f"{row['gumbel']:.3g}")
+            for key, row in total["by_k"].items()]  # type: ignore[union-attr]  # fmt: skip
+    return markdown_table(["k (spreads)", "measured P(beyond)", "Gumbel P(beyond)"], body)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="300 steps, 1 seed (for tests)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = benchmark_parser(
+        __doc__, DEFAULT_OUT, quick="300 steps, 1 seed (for tests)", device="auto"
+    )
     args = parser.parse_args(argv)
     steps, seeds = (300, 1) if args.quick else (20000, 2)
     results = run(steps, seeds, torch.device(args.device))
@@ -166,7 +160,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "summary": total,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report, indent=2)
     return report
 

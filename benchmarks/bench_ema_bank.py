@@ -22,7 +22,6 @@ held-out half. All families × seeds of one bank run as the slots of ONE Adaptiv
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ema_signals import FAMILIES, FRESH_COMMIT, HALVES, make
 from trimtab import AdaptiveEMA
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, write_json
 
 FIXED_ALPHAS = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001)
 TARGET_RATIO = 1.25
@@ -118,23 +117,21 @@ def update_cost(slots: int, calls: int, repeats: int = 5) -> dict[str, float]:
 def markdown(rows: dict[str, dict], half: str) -> str:
     """One half of one bank as a markdown table (the best fixed rate and the ratio)."""
     head = ["family", "adaptive MSE", "best fixed α", "its MSE", "adaptive / best"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for name, row in rows.items():
         if row["half"] != half:
             continue
         a = row["best_fixed_alpha"]
         ok = "✓" if row["ratio"] <= TARGET_RATIO else "✗"
-        cells = [name, f"{row['adaptive']:.4g}", f"{a:g}", f"{row[f'alpha={a:g}']:.4g}",
-                 f"{row['ratio']:.2f} {ok}"]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        body.append([name, f"{row['adaptive']:.4g}", f"{a:g}", f"{row[f'alpha={a:g}']:.4g}",
+                     f"{row['ratio']:.2f} {ok}"])  # fmt: skip
+    return markdown_table(head, body)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="300 steps, 2 seeds (for tests)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = benchmark_parser(
+        __doc__, DEFAULT_OUT, quick="300 steps, 2 seeds (for tests)", device="auto"
+    )
     parser.add_argument(
         "--halves",
         default=",".join(HALVES),
@@ -181,7 +178,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "update_cost_cpu": cost,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report, indent=2)
     return report
 

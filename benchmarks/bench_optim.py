@@ -16,7 +16,6 @@ for every row).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import platform
 import statistics
@@ -26,9 +25,10 @@ from pathlib import Path
 import torch
 
 import trimtab.optim as topt
-from trimtab.benchmarking import commit, write_json
+from trimtab.benchmarking import benchmark_parser, commit, markdown_table, write_json
 from trimtab.lifecycle import detached
 
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "optim.json"
 BYTES_PER_PARAM = 28
 NUM_TENSORS = 50
 
@@ -102,9 +102,7 @@ def time_cpu(opt, reps: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, few reps (CPU smoke)")
-    parser.add_argument("--out", type=Path, default=None, help="results JSON path")
+    parser = benchmark_parser(__doc__, DEFAULT_OUT, quick="tiny sizes, few reps (CPU smoke)")
     parser.add_argument("--reps", type=int, default=None)
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.quick
@@ -148,17 +146,13 @@ def main(argv: list[str] | None = None) -> dict:
         graphs=cuda,
         rows=rows,
     )
-    out = args.out or Path(__file__).resolve().parent / "results" / "optim.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out
     write_json(out, result, indent=2)
     ratio = "ratio_vs_" + base
-    print(f"| params | mode | optimizer | median step (ms) | GB/s (28 B/param) | x {base} |")
-    print("|---:|---|---|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['params']:,} | {r['mode']} | {r['optimizer']} | {r['median_s'] * 1e3:.3f} | "
-            f"{r['gbps']:.0f} | {r[ratio]:.2f} |"
-        )
+    header = ["params", "mode", "optimizer", "median step (ms)", "GB/s (28 B/param)", f"x {base}"]
+    body = [(f"{r['params']:,}", r["mode"], r["optimizer"], f"{r['median_s'] * 1e3:.3f}",
+             f"{r['gbps']:.0f}", f"{r[ratio]:.2f}") for r in rows]  # fmt: skip
+    print(markdown_table(header, body, "rllrrr"))
     print(f"\nwrote {out}")
     return result
 

@@ -10,7 +10,6 @@ took.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import itertools
 import math
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trimtab.benchmarking import commit, write_json
+from trimtab.benchmarking import benchmark_parser, commit, markdown_table, write_json
 
 Q = 0.99
 DEFAULT_OUT = Path(__file__).parent / "results" / "quantile.json"
@@ -223,22 +222,14 @@ def _sweep(cases, device, reps) -> list[dict]:
 
 
 def _markdown(rows: list[dict]) -> str:
-    lines = ["| case | method | ms | GB/s | rel. error |", "|---|---|---:|---:|---:|"]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['method']} | {r['ms']:.4f} | {r['gb_per_s']:.1f} "
-            f"| {r['rel_err']:.1e} |"
-        )
-    return "\n".join(lines)
+    body = [(r["case"], r["method"], f"{r['ms']:.4f}", f"{r['gb_per_s']:.1f}",
+             f"{r['rel_err']:.1e}") for r in rows]  # fmt: skip
+    return markdown_table(["case", "method", "ms", "GB/s", "rel. error"], body, "llrrr")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny sizes (interpreter without CUDA)"
-    )
+    parser = benchmark_parser(__doc__, DEFAULT_OUT, quick="tiny sizes (interpreter without CUDA)")
     parser.add_argument("--sweep", action="store_true", help="also time kernel tunables (GPU)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     args = parser.parse_args(argv)
     result = run(args.quick, args.sweep)
     import triton
@@ -254,7 +245,6 @@ def main(argv: list[str] | None = None) -> dict:
         bytes_counted="elements * itemsize, one read of the input",
     )
     print(_markdown(result["rows"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result, indent=2)
     return result
 

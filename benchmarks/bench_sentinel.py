@@ -14,7 +14,6 @@ credited for. Target on an H200: ≤ 0.055 ms (reading 176 MB once at 4.2 TB/s t
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 from trimtab import Sentinel
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, write_json
 from trimtab.sentinel import Rule
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "sentinel.json"
@@ -130,20 +129,14 @@ def run(shrink: int, reps: int, device: torch.device) -> tuple[dict[str, dict[st
 
 
 def markdown(results: dict[str, dict[str, float]], nbytes: int) -> str:
-    lines = [
-        f"| method ({nbytes / 1e6:.0f} MB read) | ms | GB/s |",
-        "|---|---|---|",
-    ]
-    for name, r in results.items():
-        lines.append(f"| {name} | {r['ms']:.4f} | {r['gbps']:.4g} |")
-    return "\n".join(lines)
+    body = [(name, f"{r['ms']:.4f}", f"{r['gbps']:.4g}") for name, r in results.items()]
+    return markdown_table([f"method ({nbytes / 1e6:.0f} MB read)", "ms", "GB/s"], body)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tensors 64x smaller, 5 reps")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = benchmark_parser(
+        __doc__, DEFAULT_OUT, quick="tensors 64x smaller, 5 reps", device="auto"
+    )
     parser.add_argument("--reps", type=int, default=None, help="timed replays (default 200)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -165,7 +158,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "target_ms": TARGET_MS,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, report, indent=2)
     return report
 

@@ -24,7 +24,6 @@ Writes a record (provenance) to ``benchmarks/results/sentinel_share.json``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cartpole.toml"
@@ -109,17 +108,18 @@ def time_mode(mode: str, steps: int, rounds: int, seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(
+        __doc__,
+        None,
+        quick="2 steps x 2 rounds: a smoke test",
+        key=True,
+        quick_writes=False,
+    )
     p.add_argument("--modes", nargs="+", default=["off", "adaptive"],
                    choices=["off", "fixed", "adaptive"])  # fmt: skip
     p.add_argument("--steps", type=int, default=30, help="learn steps per variant and round")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"JSON to add a record to (default {DEFAULT_OUT.relative_to(ROOT)}; "
-                        "--quick writes only where --out is given)")  # fmt: skip
-    p.add_argument("--key", default=None, help="record name (default: date-commit)")
-    p.add_argument("--quick", action="store_true", help="2 steps x 2 rounds: a smoke test")
     args = p.parse_args(argv)
     steps, rounds = (2, 2) if args.quick else (args.steps, args.rounds)
     torch.set_num_threads(1)
@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         *(sys.argv[1:] if argv is None else argv)])  # fmt: skip
     record = {**provenance("cpu"), "threads": 1, "command": command, "steps": steps,
               "rounds": rounds, "quick": args.quick, "modes": modes}  # fmt: skip
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    if out is not None:
-        save_record(out, args.key, record)
+    if args.out is not None:
+        save_record(args.out, args.key, record)
     return record
 
 

@@ -13,7 +13,6 @@ time: what a user waits for).
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import tempfile
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, provenance, write_json
 from trimtab.rl.sweep.spec import SweepSpec, base_data
 from trimtab.rl.sweep.trials import run_sweep
 
@@ -49,13 +48,11 @@ def metrics(result: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, quick="tiny trials (a smoke test)")
     p.add_argument("--trials", type=int, default=16)
     p.add_argument("--cpus", type=int, default=os.cpu_count())
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--quick", action="store_true", help="tiny trials (a smoke test)")
     p.add_argument("--engines", nargs="+", default=["serial", "ray"])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--runs", type=Path, help="where the sweeps go (default: a temp dir)")
     args = p.parse_args(argv)
     source = provenance("cpu")  # the tree the runs start from (HEAD may move meanwhile)
@@ -90,7 +87,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["same_metrics"] = seen["serial"] == seen["ray"]
         print(f"speed-up x{result['speedup_ray_vs_serial']:.2f}; same numbers trial for trial: "
               f"{result['same_metrics']}")  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result, indent=1)
     return result
 

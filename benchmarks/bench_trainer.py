@@ -20,7 +20,6 @@ priority update in one graph, the target sync on the host), interleaved with the
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -30,7 +29,13 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance, save_record, write_json
+from trimtab.benchmarking import (
+    benchmark_parser,
+    markdown_table,
+    provenance,
+    save_record,
+    write_json,
+)
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.dqn import DQNAgent
 from trimtab.rl.agent.learner import build_learner
@@ -171,12 +176,9 @@ def sync_free(env, learner, replay, obs, gen, cfg) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="few steps, a small net")
+    parser = benchmark_parser(__doc__, DEFAULT_OUT, quick="few steps, a small net", device="auto")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per mode and round")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (median)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--every", type=int, nargs="*", default=[],
         help="also time adaptive at these run.measure_every (eager; interleaved with the rest)",
@@ -207,12 +209,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     captured = {m: measured[(m, "on")] for m in modes if (m, "on") in measured}
     overhead = rows["adaptive"]["grad_step_ms"] / rows["off"]["grad_step_ms"]
     print(f"trainer throughput on {device} ({'quick' if args.quick else 'default config'})\n")
-    print("| stability | learn step | env steps/s | gradient steps/s | ms per gradient step | "
-          "sync-free |\n|---|---|---:|---:|---:|---|")  # fmt: skip
-    for kind, table in (("eager", rows), ("CUDA graph", captured)):
-        for mode, r in table.items():
-            print(f"| {mode} | {kind} | {r['env_steps_per_s']:,.0f} | {r['grad_steps_per_s']:.1f} "
-                  f"| {r['grad_step_ms']:.3f} | {r.get('sync_free', 'n/a (CPU)')} |")  # fmt: skip
+    header = ["stability", "learn step", "env steps/s", "gradient steps/s",
+              "ms per gradient step", "sync-free"]  # fmt: skip
+    body = [(mode, kind, f"{r['env_steps_per_s']:,.0f}", f"{r['grad_steps_per_s']:.1f}",
+             f"{r['grad_step_ms']:.3f}", r.get("sync_free", "n/a (CPU)"))
+            for kind, table in (("eager", rows), ("CUDA graph", captured))
+            for mode, r in table.items()]  # fmt: skip
+    print(markdown_table(header, body, "llrrrl"))
     print(f"\nguard overhead (adaptive / off), eager: {overhead:.2f}x")
     result = {"benchmark": "trainer", **provenance(device), "quick": args.quick,
               "steps": steps, "rounds": 2 if args.quick else args.rounds, "modes": rows,
@@ -237,7 +240,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{captured['adaptive']['grad_step_ms']:.3f} ms (targets: <= 1.05x, <= 1.5 ms)"
         )
         result.update(captured=captured, captured_guard_overhead=c)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.key is not None:
         result["command"] = "benchmarks/bench_trainer.py " + " ".join(
             sys.argv[1:] if argv is None else argv

@@ -21,7 +21,6 @@ column per run, as (env steps, value) pairs every 5th row; ``--steps`` and ``--e
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -31,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cartpole.json"
@@ -112,17 +111,15 @@ def aggregate(rows: list[dict]) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(
+        __doc__, DEFAULT_OUT, quick="2k steps, 2 episodes (a smoke test)", device="cpu", key=True
+    )
     p.add_argument("--modes", nargs="+", default=["off"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one CPU thread each)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--config", type=Path, default=ROOT / "examples" / "cartpole.toml")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--runs", type=Path, default=Path("runs/cartpole-bench"))
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--key", default=None, help="record name in the JSON (default: date-commit)")
-    p.add_argument("--quick", action="store_true", help="2k steps, 2 episodes (a smoke test)")
     p.add_argument("--variant", nargs="+", action="append", default=None,
                    metavar="NAME KEY=VALUE", help="a name and its config overrides")  # fmt: skip
     p.add_argument("--curve", dest="curves", action="append", default=[], metavar="COLUMN")

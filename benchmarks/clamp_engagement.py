@@ -17,7 +17,6 @@ the greedy return when the run finished.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "clamp_engagement.json"
@@ -89,10 +88,8 @@ def engagement(run_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, key=True)
     p.add_argument("runs", nargs="+", type=Path)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--key", default=None, help="record name in the JSON (default: date-commit)")
     p.add_argument("--note", default="", help="what the runs were (stored with the record)")
     args = p.parse_args(argv)
     runs = [engagement(r) for r in args.runs]

@@ -20,7 +20,6 @@ hold. The JSON gains one record (keyed by ``--key``) with machine, date and comm
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -32,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "default_run_h200.json"
@@ -98,18 +97,19 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda")
+    p = benchmark_parser(
+        __doc__,
+        None,
+        quick="2 short folds: a smoke test",
+        device="cuda",
+        key=True,
+        quick_writes=False,
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=1, help="runs at once (processes)")
     p.add_argument("--variant", nargs="+", action="append", default=None,
                    metavar="NAME KEY=VALUE", help="a name and its config overrides")  # fmt: skip
     p.add_argument("--runs", type=Path, default=None, help="run directories (default: temp)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"JSON to add a record to (default {DEFAULT_OUT.relative_to(ROOT)}; "
-                        "--quick writes only where --out is given)")  # fmt: skip
-    p.add_argument("--key", default=None, help="record name in the JSON (default: date-commit)")
-    p.add_argument("--quick", action="store_true", help="2 short folds: a smoke test")
     args = p.parse_args(argv)
     variants = {v[0]: v[1:] for v in (args.variant or [["default"]])}
     jobs = [(name, sets, seed) for seed in args.seeds for name, sets in variants.items()]
@@ -133,9 +133,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command = " ".join(["benchmarks/default_run.py", *(sys.argv[1:] if argv is None else argv)])
     record = {**provenance(args.device), "command": command, "device": args.device,
               "jobs": args.jobs, "quick": args.quick, "runs": rows, "aggregate": agg}  # fmt: skip
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    if out is not None:
-        save_record(out, args.key, record)
+    if args.out is not None:
+        save_record(args.out, args.key, record)
     return record
 
 

@@ -15,7 +15,6 @@ concurrent writers of one run directory; bad ticks in training windows and in a 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import errno
@@ -36,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import from_dict, to_toml
 from trimtab.rl.data.load import DataError
@@ -319,14 +318,12 @@ def tick_trials(runs: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one trial of each kind, a few slots")
+    p = benchmark_parser(__doc__, DEFAULT_OUT, quick="one trial of each kind, a few slots")
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--sigints", type=int, default=3)
     p.add_argument("--sigterms", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", type=Path, help="where the runs go (default: a temporary folder)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     runs = args.runs or Path(tempfile.mkdtemp(prefix="trimtab-faults-"))

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import benchmark_parser, provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale_report import ARMS, fill_from_runs, market_fields, merge_records, write
@@ -378,7 +378,13 @@ def check_units(env: str, args: argparse.Namespace) -> dict[str, Any]:
 
 # --- main -------------------------------------------------------------------------------------
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(
+        __doc__,
+        None,
+        quick="a smoke test: tiny runs, 2 scales",
+        device="cpu",
+        out_help=f"the results file (default {DEFAULT_OUT}; --quick: RUNS/scale.json)",
+    )
     p.add_argument("--envs", nargs="+", choices=ENVS, default=list(ENVS))
     p.add_argument("--scales", nargs="+", type=float, default=None)
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
@@ -386,7 +392,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="CartPole env steps (500000)")
     p.add_argument("--fold-steps", type=int, default=None,
                    help="market gradient steps per fold (800, 4 folds)")  # fmt: skip
-    p.add_argument("--device", default="cpu", help="cpu or cuda (every trial)")
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="trials at once (default: cores - 1)")  # fmt: skip
     p.add_argument(
@@ -398,7 +403,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="stop after this long; stopped trials resume on the next call")  # fmt: skip
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "scale")
-    p.add_argument("--out", type=Path, default=None, help=f"JSON (default {DEFAULT_OUT})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="[ENV:]KEY=VALUE",
                    help="override a config key of every trial (or of one env's)")  # fmt: skip
     p.add_argument(
@@ -413,7 +417,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-units-check", action="store_true", help="skip the units check")
     p.add_argument("--units-check-only", action="store_true",
                    help="run the units check of --envs into --out, and no trial")  # fmt: skip
-    p.add_argument("--quick", action="store_true", help="a smoke test: tiny runs, 2 scales")
     args = p.parse_args(argv)
     if args.quick:
         args.scales = args.scales or [0.001, 1000.0]

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import write_json
+from trimtab.benchmarking import markdown_table, write_json
 
 ARMS = ("adaptive", "fixed", "off", "tuned")
 #: what each env reports, in the env's own (unscaled) units
@@ -123,16 +123,16 @@ def markdown(cells: list[dict]) -> str:
         mine = [c for c in cells if c["env"] == env and c["steps"] == steps]
         scales = sorted({c["scale"] for c in mine})
         arms = sorted({c["arm"] for c in mine}, key=_arm_order)
-        lines += [f"**{env}**, {steps}: {METRIC[env]}, mean ± s.e. over seeds (n seeds)", "",
-                  "| arm | " + " | ".join(f"×{s:g}" for s in scales) + " |",
-                  "|---|" + "---:|" * len(scales)]  # fmt: skip
+        body = []
         for a in arms:
             row = {c["scale"]: c for c in mine if c["arm"] == a}
-            lines.append(f"| {a} | " + " | ".join(_fmt(row.get(s)) for s in scales) + " |")
+            body.append([a, *(_fmt(row.get(s)) for s in scales)])
         hold = {s: c["buy_hold"] for c in mine for s in [c["scale"]] if c.get("buy_hold")}
         if hold:  # the same test windows per seed: what holding the asset scored there
-            lines.append("| buy & hold | " + " | ".join(_fmt(hold.get(s)) for s in scales) + " |")
-        lines.append("")
+            body.append(["buy & hold", *(_fmt(hold.get(s)) for s in scales)])
+        header = ["arm", *(f"×{s:g}" for s in scales)]
+        lines += [f"**{env}**, {steps}: {METRIC[env]}, mean ± s.e. over seeds (n seeds)", "",
+                  markdown_table(header, body, "l" + "r" * len(scales)), ""]  # fmt: skip
     return "\n".join(lines)
 
 

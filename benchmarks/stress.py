@@ -20,7 +20,6 @@ of older files, written before the option, count as ``none``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import statistics
@@ -28,9 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, write_json
 from trimtab.rl.configio import apply_overrides
 from trimtab.rl.sweep.spec import SweepSpec
 from trimtab.rl.sweep.trials import TrialResult, run_sweep
@@ -94,11 +91,9 @@ def _mean(values: list[float]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    out = [
-        "| market | autocast | stability | runs with every fold finite | first-fire slots "
-        "| mean OOS Sharpe | mean B&H Sharpe | ms/step |",
-        "|---|---|---|---:|---|---:|---:|---:|",
-    ]
+    header = ["market", "autocast", "stability", "runs with every fold finite",
+              "first-fire slots", "mean OOS Sharpe", "mean B&H Sharpe", "ms/step"]  # fmt: skip
+    body = []
     variants = sorted({" ".join(r.get("overrides", [])) for r in rows})
     groups = itertools.product(("default", "stress"), variants, AUTOCAST, MODES)
     for market, variant, precision, mode in groups:
@@ -113,17 +108,17 @@ def table(rows: list[dict]) -> str:
             sharpe = _mean([s for r in cells for s in r["sharpe"]])
             bh = _mean([s for r in cells for s in r["buy_hold_sharpe"]])
             ms = statistics.median(r["ms_per_step"] for r in cells)
-            out.append(f"| {market} | {precision} | {mode} | {ok}/{len(cells)} | "
-                       f"{', '.join(fires)} | {sharpe} | {bh} | {ms:.1f} |")  # fmt: skip
-    return "\n".join(out)
+            body.append((market, precision, mode, f"{ok}/{len(cells)}", ", ".join(fires), sharpe,
+                         bh, f"{ms:.1f}"))  # fmt: skip
+    return markdown_table(header, body, "lllrlrrr")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(
+        __doc__, DEFAULT_OUT, quick="1 seed, a tiny market and net", device="auto"
+    )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=400, help="gradient steps per fold")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="1 seed, a tiny market and net")
     parser.add_argument(
         "--markets",
         nargs="+",
@@ -158,7 +153,6 @@ def main(argv: list[str] | None = None) -> dict:
         default=[],
         help="override one config value in every cell, e.g. --set agent.trunk=mlp (repeatable)",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--runs", type=Path, help="keep the run directories here; a rerun skips finished cells"
     )
@@ -192,7 +186,6 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"benchmark": "stress", **provenance(args.device), "seeds": seeds,
            "steps_per_fold": steps, "quick": args.quick, "rows": rows,
            "failed": failed}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, out, indent=2)
     if failed:
         print(f"{len(failed)} cells failed: {failed}")

@@ -14,7 +14,6 @@ span of README "Where a clamp binds". Groups: weight matrices, then vectors (bia
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, save_record
 from trimtab.optim import WEIGHT_BOUND_FLOOR
 from trimtab.optim._reference import coefficients
 
@@ -75,25 +74,24 @@ def measure(config: Path, headroom: float, seed: int, sets: list[str]) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, key=True)
     p.add_argument("--config", type=Path, default=ROOT / "examples" / "cartpole.toml")
     p.add_argument("--headroom", nargs="+", type=float, default=[1.0, 2.0])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--key", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    rows = []
-    print("| headroom | seed | updates | clamped: matrices / vectors | above the bound |")
-    print("|---:|---:|---:|---:|---:|")
+    rows, body = [], []
     for h in args.headroom:
         for seed in args.seeds:
             r = measure(args.config, h, seed, args.sets)
             rows.append(r)
             c, a = r["clamped"], r["above_bound"]
-            print(f"| {h:g} | {seed} | {r['updates']} | {c[0]:.2e} / {c[1]:.2e} | "
-                  f"{a[0]:.2%} / {a[1]:.2%} |", flush=True)  # fmt: skip
+            body.append((f"{h:g}", seed, r["updates"], f"{c[0]:.2e} / {c[1]:.2e}",
+                         f"{a[0]:.2%} / {a[1]:.2%}"))  # fmt: skip
+            print(f"headroom {h:g}, seed {seed}: done", flush=True)
+    header = ["headroom", "seed", "updates", "clamped: matrices / vectors", "above the bound"]
+    print(markdown_table(header, body, "rrrrr"))
     record = {**provenance("cpu"), "command": " ".join(["benchmarks/weight_clamp_binding.py",
               *(sys.argv[1:] if argv is None else argv)]), "config": str(args.config),
               "sets": args.sets, "runs": rows}  # fmt: skip

@@ -43,11 +43,15 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 @pytest.fixture(scope="session")
 def load_bench() -> Callable[[str], ModuleType]:
-    """``load_bench(name)``: ``benchmarks/<name>.py`` executed afresh as module ``name``. It is
-    registered in ``sys.modules`` first, where a dataclass of the script looks its module up."""
+    """``load_bench(name)``: ``benchmarks/<name>.py``, or ``benchmarks/experiments/<name>.py``,
+    executed afresh as module ``name``. It is registered in ``sys.modules`` first, where a
+    dataclass of the script looks its module up."""
 
     def load(name: str) -> ModuleType:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        path = BENCHMARKS / f"{name}.py"
+        if not path.is_file():
+            path = BENCHMARKS / "experiments" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module

@@ -1,5 +1,6 @@
 """save_record: a benchmark's record goes into its results file by name, keeping the others, and
-a results file that is not a JSON object of records is named in the error and left untouched."""
+a results file that is not a JSON object of records is named in the error and left untouched;
+the benchmarks' one command-line helper and table, and the layout of benchmarks/."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from trimtab.benchmarking import provenance, record_key, save_record, write_json
+from trimtab.benchmarking import (
+    benchmark_parser,
+    markdown_table,
+    provenance,
+    record_key,
+    save_record,
+    write_json,
+)
 
 
 def test_new_key_is_added_beside_the_records_there(tmp_path: Path) -> None:
@@ -156,3 +164,66 @@ def test_every_result_file_is_standard_json() -> None:
     assert files
     for f in files:
         _strict(f.read_text())
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_benchmark_parser_spells_the_common_options_once(tmp_path: Path) -> None:
+    doc = "What it measures,\non two lines.\n\n    python benchmarks/x.py [--quick]\n"
+    p = benchmark_parser(doc, tmp_path / "x.json", quick="a smoke test", device="cpu", key=True)
+    assert p.description == "What it measures, on two lines."
+    args = p.parse_args([])
+    assert (args.out, args.quick, args.device, args.key) == (
+        tmp_path / "x.json",
+        False,
+        "cpu",
+        None,
+    )
+    args = p.parse_args(["--quick", "--out", "y.json", "--device", "cuda", "--key", "k"])
+    assert (args.out, args.quick, args.device, args.key) == (Path("y.json"), True, "cuda", "k")
+    bare = benchmark_parser(None).parse_args([])
+    assert vars(bare) == {"out": None}  # only what the benchmark asked for
+
+
+def test_quick_writes_only_where_out_is_given(tmp_path: Path) -> None:
+    out = tmp_path / "x.json"
+    p = benchmark_parser("", out, quick="a smoke test", quick_writes=False)
+    assert p.parse_args([]).out == out
+    assert p.parse_args(["--quick"]).out is None
+    assert p.parse_args(["--quick", "--out", "y.json"]).out == Path("y.json")
+    assert "--quick writes only where --out is given" in " ".join(p.format_help().split())
+
+
+def test_device_auto_is_cuda_where_there_is_one() -> None:
+    import torch
+
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert benchmark_parser("", device="auto").parse_args([]).device == want
+
+
+def test_markdown_table() -> None:
+    text = markdown_table(["a", "b"], [("x", 1.5), ["y", None]], "lr")
+    assert text == "| a | b |\n|---|---:|\n| x | 1.5 |\n| y | None |"
+    with pytest.raises(ValueError, match="align='l' has 1 columns, the header 2"):
+        markdown_table(["a", "b"], [], "l")
+
+
+#: benchmarks whose command line is their own (edited elsewhere; held to the helper when touched)
+OWN_PARSER = {"agent_vs_baselines.py", "bsuite_suite.py"}
+
+
+def test_benchmarks_use_the_shared_helper_and_sit_in_their_folders() -> None:
+    """The split of benchmarks/: records at the top, experiments/ and tools/; no script builds
+    its own ArgumentParser or writes a markdown table by hand."""
+    scripts = sorted(BENCHMARKS.rglob("*.py"))
+    assert {p.parent.name for p in scripts} == {"benchmarks", "experiments"}
+    assert not [p for p in BENCHMARKS.glob("*.sh")], "shell scripts belong in benchmarks/tools/"
+    assert not [p.name for p in scripts if p.parent.name == "benchmarks"
+                and p.name.startswith(("probe_", "profile_"))]  # fmt: skip
+    for p in scripts:
+        if p.name in OWN_PARSER:
+            continue
+        text = p.read_text()
+        assert "argparse.ArgumentParser(" not in text, f"{p.name}: use benchmark_parser"
+        assert '"|---' not in text and "'|---" not in text, f"{p.name}: use markdown_table"

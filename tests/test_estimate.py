@@ -436,7 +436,7 @@ def test_a_noise_free_closed_loop_holds_its_fixed_point():
     """The C51 support's loop (a bound fed back into its own measurement: every target reaches
     1 + 0.99 b) gives update_log an input with no noise. R floored at R_FLOOR_LOG keeps the
     estimate at the fixed point 100; at TINY (1e-12) the winsorised candidates froze off the
-    input and the support fell to ~9 near update 4,100 (benchmarks/support_loop.py)."""
+    input and the support fell to ~9 near update 4,100 (benchmarks/experiments/support_loop.py)."""
     from trimtab.bounds import AdaptiveBounds
 
     bounds = AdaptiveBounds(["targets"], q=0.99, floor=1e-3)

@@ -280,3 +280,35 @@ def test_guard_step_is_sync_free_and_captures_on_cuda() -> None:
     graph.replay()
     assert not bool(applied)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("option", ["amp", "measure_every"])
+def test_amp_and_measure_every_learn_and_skip_a_nan_batch(option: str) -> None:
+    """The Guard's options keep its answer: with a GradScaler (the checks see unscaled
+    gradients; the scaler skips on its own flag) and measuring every 4th step, a NaN batch
+    moves nothing and the loop still learns."""
+    with detached():
+        model = _model()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        kwargs: dict = (
+            {"scaler": torch.amp.GradScaler("cpu", init_scale=2.0**8)}
+            if option == "amp"
+            else {"measure_every": 4}
+        )
+        guard = trimtab.Guard(model, opt, **kwargs)
+    g = torch.Generator().manual_seed(2)
+    first = None
+    for t in range(200):
+        x, y = _batch(g)
+        if t == 100:
+            x[0, 0] = math.nan
+            before = _snapshot(model, opt)
+        loss = nn.functional.mse_loss(model(x), y)
+        applied = guard.step(loss)
+        if t == 100:
+            assert not bool(applied)
+            for a, b in zip(before, _snapshot(model, opt), strict=True):
+                assert torch.equal(a, b)
+        first = float(loss.detach()) if first is None else first
+    assert float(loss.detach()) < 0.05 * first
+    assert "skipped (non-finite gradient or loss): 1" in guard.report()

@@ -169,3 +169,18 @@ def test_public_names_are_typed_and_lazy():
         mod = importlib.import_module(module)
         want = mod if module == f"trimtab.{name}" else getattr(mod, name)
         assert getattr(trimtab, name) is want, name
+
+
+def test_the_library_imports_none_of_the_trainers_dependencies():
+    """``pip install trimtab`` is torch, numpy and Triton: importing the library and guarding a
+    step loads none of the trainer's packages (its [train] extra; tqdm is not listed: torch
+    itself imports it where it is installed)."""
+    code = (
+        "import sys, torch, trimtab\n"
+        "m = torch.nn.Linear(3, 1); g = trimtab.Guard(m, torch.optim.Adam(m.parameters()))\n"
+        "g.step(m(torch.randn(4, 3)).square().mean())\n"
+        "heavy = ('ray', 'pandas', 'gymnasium', 'matplotlib', 'tensorboard', 'tomli_w')\n"
+        "print(sorted({n.split('.')[0] for n in sys.modules} & set(heavy)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

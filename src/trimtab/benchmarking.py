@@ -1,12 +1,15 @@
-"""Benchmark JSON: which commit, machine, versions and date a figure came from (provenance),
-and the results file of named records that a benchmark adds its record to (save_record).
+"""What every benchmark shares: which commit, machine, versions and date a figure came from
+(provenance), the results file it writes (write_json) or adds a named record to (save_record),
+its command line's common options (benchmark_parser) and the markdown table it prints
+(markdown_table).
 
 The device machine receives a copy of the working tree without ``.git``; the caller passes
-the commit there as ``TRIMTAB_COMMIT`` (``benchmarks/gpu_tier.sh`` does).
+the commit there as ``TRIMTAB_COMMIT`` (``benchmarks/tools/gpu_tier.sh`` does).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -15,7 +18,7 @@ import platform
 import shutil
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,15 @@ import torch
 
 from trimtab._source import source_commit
 
-__all__ = ["commit", "provenance", "record_key", "save_record"]
+__all__ = [
+    "benchmark_parser",
+    "commit",
+    "markdown_table",
+    "provenance",
+    "record_key",
+    "save_record",
+    "write_json",
+]
 
 
 def commit() -> str:
@@ -130,3 +141,83 @@ def _replace(target: Path, text: str) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class _BenchmarkParser(argparse.ArgumentParser):
+    """An ArgumentParser whose ``--out`` is None under ``--quick`` unless given (``quick_out``)."""
+
+    quick_out: Path | None = None
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        ns, rest = super().parse_known_args(args, namespace)
+        if self.quick_out is not None and ns.out is None and not ns.quick:
+            ns.out = self.quick_out
+        return ns, rest
+
+
+def benchmark_parser(
+    doc: str | None,
+    out: Path | None = None,
+    *,
+    quick: str | None = None,
+    quick_writes: bool = True,
+    device: str | None = None,
+    key: bool = False,
+    out_help: str | None = None,
+) -> argparse.ArgumentParser:
+    """A benchmark's command line with the options every benchmark spells alike; the benchmark
+    adds its own arguments to it.
+
+    ``doc``: the script's docstring, whose first paragraph is the description. ``--out``: the
+    results file, default ``out`` (``out_help`` says more where None means something else).
+    ``--quick`` (when ``quick`` gives its help): the few-second mode that a test runs; with
+    ``quick_writes=False`` it writes nothing unless ``--out`` is given (``args.out`` is None).
+    ``--device`` (when ``device`` is given): its default, ``"auto"`` for CUDA where there is one,
+    else the CPU. ``--key`` (with ``key``): the record's name in a file of named records
+    (:func:`save_record`; default ``run_<date>_<commit>``).
+    """
+    description = (doc or "").strip().split("\n\n")[0].replace("\n", " ") or None
+    p = _BenchmarkParser(description=description)
+    if out_help is None:
+        out_help = "the results file" + (f" (default {_shown(out)})" if out is not None else "")
+        if quick is not None and not quick_writes:
+            out_help += "; --quick writes only where --out is given"
+    if quick is not None and not quick_writes:
+        p.quick_out, out = out, None
+    p.add_argument("--out", type=Path, default=out, help=out_help)
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick)
+    if device is not None:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        p.add_argument("--device", default=device, help=f"the torch device (default {device})")
+    if key:
+        p.add_argument(
+            "--key",
+            default=None,
+            help="the record's name in the results file (default: date-commit)",
+        )
+    return p
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def markdown_table(
+    header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None
+) -> str:
+    """``rows`` under ``header`` as a markdown table (no final newline). A cell is written as
+    ``str(cell)`` (format numbers before); ``align`` gives a column's alignment per character,
+    ``l`` or ``r`` (default: every column left)."""
+    align = align or "l" * len(header)
+    if len(align) != len(header):
+        raise ValueError(f"align={align!r} has {len(align)} columns, the header {len(header)}")
+    rule = "|" + "".join("---:|" if a == "r" else "---|" for a in align)
+    lines = ["| " + " | ".join(header) + " |", rule]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -42,7 +42,7 @@ from trimtab.kernels.ema import (
 #: clip runs its reference.
 MAX_WINDOW = 4096
 MAX_TENSORS = 4096
-#: Warps of the one program (``benchmarks/probe_warps.py``).
+#: Warps of the one program (``benchmarks/experiments/probe_warps.py``).
 CLIP_WARPS = 4
 #: The window quantile walks down from the largest norm when it is at most this many ranks
 #: from the top (a p99 of 1000 norms: 11), one max and one count a rank; else it sorts the

@@ -56,7 +56,7 @@ TABLE_SIZE = TABLE_TAIL + 5
 assert len(TABLE_LAYOUT) == TABLE_SIZE
 REDUCE_TILE = 2048  # elements of one load of the replicas: [groups, replicas]
 
-#: Warps of the finalize's one program (``benchmarks/probe_warps.py``).
+#: Warps of the finalize's one program (``benchmarks/experiments/probe_warps.py``).
 FINALIZE_WARPS = 4
 
 

@@ -94,7 +94,7 @@ DIRECT_MAX = 1 << 15  # tensors up to this size skip the sample: radix select ov
 # elements a step, where a launch per pass costs more host time than the passes take.
 SMALL_MAX = 1 << 14
 SMALL_BLOCK = 2048
-SMALL_WARPS = 8  # warps of each small_kernel program (benchmarks/probe_warps.py)
+SMALL_WARPS = 8  # warps of each small_kernel program (benchmarks/experiments/probe_warps.py)
 FUSED = True  # selects run in the last program of each pass (False: separate launches)
 
 LOW_BITS = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}

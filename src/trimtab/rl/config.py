@@ -99,7 +99,7 @@ GYM_TOTAL_STEPS = 500_000
 
 def _check(bad: list[str], section: str) -> None:
     if bad:
-        raise ValueError(f"invalid [{section}] config: " + "; ".join(bad))
+        raise ConfigError(f"invalid [{section}] config: " + "; ".join(bad))
 
 
 @dataclass(frozen=True)

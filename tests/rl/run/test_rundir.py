@@ -7,6 +7,7 @@ import errno
 import json
 import math
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,42 @@ def test_ctrl_c_names_the_run_dir_and_the_steps_to_redo(tmp_path, capsys, monkey
                 "--set", "run.checkpoint_every=4")  # fmt: skip
     err = capsys.readouterr().err
     assert code == 130 and str(out) in err and "2 step(s) since the last checkpoint, step 8" in err
+
+
+def test_sigterm_stops_like_ctrl_c_and_resume_gives_the_uninterrupted_metrics(
+    tmp_path, capsys, monkeypatch
+):
+    """A scheduler's or ``docker stop``'s SIGTERM, delivered to the process mid-run: the run's
+    message (where, what a resume redoes, the command), exit 143, checkpoints kept; ``--resume``
+    then ends with the uninterrupted run's metrics.csv and summary."""
+    from trimtab.rl.agent.learner import Learner
+    from trimtab.rl.configio import to_toml
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(cfg(a))
+    real, n = Learner.learn, [0]
+
+    def learn(self, *args, **kwargs):
+        n[0] += 1
+        if n[0] == 11:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, in the main thread
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Learner, "learn", learn)
+    toml = tmp_path / "b.toml"
+    toml.write_text(to_toml(cfg(b)))
+    before = signal.getsignal(signal.SIGTERM)
+    assert _cli("--config", str(toml)) == 143
+    err = capsys.readouterr().err
+    assert err.startswith("trimtab: terminated (SIGTERM)") and str(b) in err, err
+    assert "--resume" in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+    assert (b / "checkpoints" / "last.pt").is_file()
+    monkeypatch.setattr(Learner, "learn", real)
+    assert _cli("--resume", str(b)) == 0
+    assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    assert [f["sharpe"] for f in sa["folds"]] == [f["sharpe"] for f in sb["folds"]]
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_over_on_resume(tmp_path, capsys):

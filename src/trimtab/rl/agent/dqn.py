@@ -16,7 +16,7 @@ from trimtab.lifecycle import active_lifecycle
 from trimtab.rl.agent.losses import atoms, c51_loss, c51_projection, quantile_huber_loss
 from trimtab.rl.agent.networks import BranchingQNetwork
 from trimtab.rl.agent.replay import ReplayBuffer
-from trimtab.rl.configio import check_fields
+from trimtab.rl.configio import ConfigError, check_fields
 
 __all__ = ["AgentConfig", "DQNAgent", "Prediction", "Targets"]
 
@@ -94,7 +94,7 @@ class AgentConfig:
             if not isinstance(getattr(self, name), bool):
                 bad.append(f"{name}={getattr(self, name)!r} must be true or false")
         if bad:
-            raise ValueError("invalid AgentConfig: " + "; ".join(bad))
+            raise ConfigError("invalid AgentConfig: " + "; ".join(bad))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AgentConfig:

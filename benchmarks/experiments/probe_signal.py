@@ -2,7 +2,8 @@
 supervised predictors of each asset's next filled return, fit on each walk-forward training
 window only and traded out of sample, net of the trainer's fills and costs.
 
-    python benchmarks/probe_signal.py [--set KEY=VALUE ...] [--out FILE.json] [--key NAME]
+    python benchmarks/experiments/probe_signal.py [--set KEY=VALUE ...] [--out FILE.json] \\
+        [--key NAME]
 
 It uses the trainer's own pieces on the trainer's default config (``--set`` changes it, as
 ``trimtab train --set`` does): :func:`trimtab.rl.run.walkforward.load_market` (features, next-open
@@ -43,7 +44,6 @@ are recorded, with the baselines on the same days for reference.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, save_record
 from trimtab.rl.backtest import baselines as bl
 from trimtab.rl.backtest import stats
 from trimtab.rl.backtest.pooled import _oracle_edge
@@ -61,7 +61,7 @@ from trimtab.rl.configio import apply_overrides, from_dict
 from trimtab.rl.data.features import FEATURE_NAMES, FeatureNormalizer
 from trimtab.rl.run.walkforward import load_market, make_folds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "probe_signal.json"
 LAMBDAS = (0.1, 1.0, 10.0, 100.0, 1000.0)
 BAND_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9)
@@ -259,22 +259,19 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, key=True)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--key")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = from_dict(TrainConfig, apply_overrides({}, args.set))
     res = probe(cfg)
     record = {**provenance("cpu"), "overrides": args.set, **res}
     print(f"baselines: {res['baselines']}")
-    print("| probe | pooled Sharpe | of oracle | turnover | exposure | per fold |")
-    print("|---|---|---|---|---|---|")
-    for k, v in res["probes"].items():
-        folds = " ".join(f"{s:+.2f}" for s in v["per_fold_sharpe"])
-        print(f"| {k} | {v['sharpe']:+.2f} | {v['oracle_fraction']:.2f} | {v['turnover']:.3f}"
-              f" | {v['exposure']:.2f} | {folds} |")  # fmt: skip
+    header = ["probe", "pooled Sharpe", "of oracle", "turnover", "exposure", "per fold"]
+    body = [(k, f"{v['sharpe']:+.2f}", f"{v['oracle_fraction']:.2f}", f"{v['turnover']:.3f}",
+             f"{v['exposure']:.2f}", " ".join(f"{s:+.2f}" for s in v["per_fold_sharpe"]))
+            for k, v in res["probes"].items()]  # fmt: skip
+    print(markdown_table(header, body))
     print("IC per fold:", res["information_coefficient"])
     key = save_record(args.out, args.key, record)
     print(f"record {key} in {args.out}")

@@ -3,22 +3,23 @@ Captures one ``Learner.learn`` on static batch buffers after a warm-up on a side
 it, and compares the replayed losses with eager steps from the same state; prints and writes
 what happened (success, or the first error) for each mode.
 
-    python benchmarks/probe_capture.py [--out PATH]
+    python benchmarks/experiments/probe_capture.py [--out PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import traceback
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, provenance, write_json
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.learner import build_learner
 from trimtab.rl.config import TrainConfig
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "capture_probe_h200.json"
 
 
 def probe(mode: str, steps: int = 5) -> dict:
@@ -70,9 +71,7 @@ def probe(mode: str, steps: int = 5) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("capture_probe.json"))
-    args = p.parse_args()
+    args = benchmark_parser(__doc__, DEFAULT_OUT).parse_args()
     rows = [probe(m) for m in ("off", "fixed", "adaptive")]
     for r in rows:
         print(r)

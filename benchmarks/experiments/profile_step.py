@@ -2,12 +2,11 @@
 each a kernel launch on CUDA) and Triton launches, grouped by the trimtab function that issued
 them, per stability mode. Explains the guard overhead of ``bench_trainer.py``.
 
-    python benchmarks/profile_step.py [--device cuda] [--out PATH]
+    python benchmarks/experiments/profile_step.py [--device cuda] [--out PATH]
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import sys
 import traceback
@@ -18,12 +17,12 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, write_json
 from trimtab.rl.config import TrainConfig
 
-DEFAULT_OUT = Path(__file__).parent / "results" / "profile_step.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "profile_step.json"
 _VIEWS = {"detach", "view", "unsqueeze", "squeeze", "select", "reshape", "t", "expand", "slice",
           "_unsafe_view", "as_strided", "alias", "permute", "transpose", "split", "unbind",
           "_reshape_alias", "chunk", "narrow", "unflatten", "flatten", "lift_fresh",
@@ -113,19 +112,15 @@ def host_profile(mode: str, device: torch.device, steps: int = 60, top: int = 25
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser = benchmark_parser(__doc__, DEFAULT_OUT, device="auto")
     parser.add_argument("--host", action="store_true", help="also cProfile the host's time")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(TrainConfig().run.threads)
     rows = {m: profile(m, device) for m in ("off", "fixed", "adaptive")}
     print(f"launches per gradient step on {device}\n")
-    print("| stability | device ops (aten) | Triton launches |")
-    print("|---|---:|---:|")
-    for m, r in rows.items():
-        print(f"| {m} | {r['aten_ops']} | {r['triton_launches']} |")
+    body = [(m, r["aten_ops"], r["triton_launches"]) for m, r in rows.items()]
+    print(markdown_table(["stability", "device ops (aten)", "Triton launches"], body, "lrr"))
     print("\nadaptive, by site:")
     for k, v in list(rows["adaptive"]["aten_by_site"].items())[:25]:
         print(f"{v:6d}  {k}")
@@ -138,7 +133,6 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"\nhost time per step, {m} (own time, top functions):")
             for name, calls, ms in top:
                 print(f"{ms:8.3f} ms {calls:5d} calls  {name}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, result, indent=2)
     return result
 

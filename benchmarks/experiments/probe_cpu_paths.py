@@ -2,7 +2,7 @@
 (eager, TorchScript as the CPU path runs it, and ``torch.compile``) and Adam's step (time, aten
 ops, the Python between them; compiled whole with ``--compile``).
 
-    python benchmarks/probe_cpu_paths.py [--compile] [--out PATH] [--key NAME]
+    python benchmarks/experiments/probe_cpu_paths.py [--compile] [--out PATH] [--key NAME]
 
 CPU only, one thread. ``--compile`` needs a C++ compiler (inductor's CPU backend) and takes about
 a minute: it times ``torch.compile`` of ``estimate._fold_reference`` and of the multi-tensor Adam
@@ -12,7 +12,6 @@ design invariant 6 makes the reference the CPU path).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -21,15 +20,15 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
 from trimtab._script import scripted
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 from trimtab.estimate import AdaptiveEMA, _fold_reference
 from trimtab.optim import _multi_tensor as mt
 from trimtab.rl.config import TrainConfig
 
-DEFAULT_OUT = Path(__file__).parent / "results" / "probe_cpu_paths.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "probe_cpu_paths.json"
 
 
 def _per_call_us(fn: Any, n: int, rounds: int = 5) -> float:
@@ -113,15 +112,13 @@ def adam_step(compile_too: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, key=True)
     p.add_argument("--compile", action="store_true", help="also time torch.compile (slow)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--key", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     record = {**provenance("cpu"), "fold": fold_paths(args.compile),
               "adam": adam_step(args.compile),
-              "command": "benchmarks/probe_cpu_paths.py " + " ".join(
+              "command": "benchmarks/experiments/probe_cpu_paths.py " + " ".join(
                   sys.argv[1:] if argv is None else argv)}  # fmt: skip
     f, a = record["fold"], record["adam"]
     print(f"fold of 3 slots: eager {f['eager_us']:.0f} us, TorchScript {f['torchscript_us']:.0f} us"

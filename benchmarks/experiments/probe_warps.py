@@ -1,6 +1,7 @@
 """Shapes of the adaptive step's single-program kernels: the captured step's GPU time per setting.
 
-    python benchmarks/probe_warps.py [--replays 200] [--rounds 5] [--settings NAME ...] [--out PATH]
+    python benchmarks/experiments/probe_warps.py [--replays 200] [--rounds 5] \\
+        [--settings NAME ...] [--out PATH]
 
 The clip's step (``kernels.clip.CLIP_WARPS``: one program sorting the window of clipped norms),
 the small tensors' quantile (``kernels.quantile.SMALL_WARPS``: one program per tensor, for
@@ -17,7 +18,6 @@ drift of the machine's clocks falls on all of them. Needs CUDA.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, save_record
 from trimtab.kernels import clip, optim_finalize, quantile
 from trimtab.rl.config import TrainConfig
 
-DEFAULT_OUT = Path(__file__).parent / "results" / "probe_warps_h200.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "probe_warps_h200.json"
 KNOBS = {"clip": (clip, "CLIP_WARPS"), "small": (quantile, "SMALL_WARPS"),
          "finalize": (optim_finalize, "FINALIZE_WARPS"), "small_max": (quantile, "SMALL_MAX"),
          "top": (clip, "TOP_MAX")}  # fmt: skip
@@ -60,11 +60,9 @@ def build(mode: str, setting: dict[str, int]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, key=True)
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--key", default=None)
     p.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
                    help="the settings to probe (default: all), each against off")  # fmt: skip
     args = p.parse_args(argv)
@@ -81,13 +79,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = {name: {"replay_ms": statistics.median(t), "rounds_ms": [round(x, 4) for x in t]}
             for name, t in times.items()}  # fmt: skip
     off = rows["off"]["replay_ms"]
-    print("| setting | captured step, ms | / off |\n|---|---:|---:|")
-    for name, r in rows.items():
+    for r in rows.values():
         r["over_off"] = r["replay_ms"] / off
-        print(f"| {name} | {r['replay_ms']:.4f} | {r['over_off']:.3f} |")
+    body = [(n, f"{r['replay_ms']:.4f}", f"{r['over_off']:.3f}") for n, r in rows.items()]
+    print(markdown_table(["setting", "captured step, ms", "/ off"], body, "lrr"))
     record = {**provenance("cuda"), "replays": args.replays, "rounds": args.rounds,
               "settings": {n: SETTINGS[n] for n in args.settings}, "rows": rows,
-              "command": "benchmarks/probe_warps.py " + " ".join(
+              "command": "benchmarks/experiments/probe_warps.py " + " ".join(
                   sys.argv[1:] if argv is None else argv)}  # fmt: skip
     save_record(args.out, args.key, record)
     return record

@@ -3,9 +3,9 @@
 # .whl carried): the default `trimtab train` alone (target <= 30 s wall), CartPole-v1 with
 # examples/cartpole_gpu.toml over 3 seeds at once (target: solved, <= 60 s wall, adaptive), and
 # the captured collection's GPU tests. JSON records go to $OUT (default benchmarks/results).
-#   TRIMTAB_COMMIT=<hash> bash benchmarks/h200_speed.sh [tests] [market] [cartpole] [sample] [profile]
+#   TRIMTAB_COMMIT=<hash> bash benchmarks/tools/h200_speed.sh [tests] [market] [cartpole] [sample] [profile]
 #   sample: the default run with the GPU defaults against the CPU's on the GPU, seeds 0-2 at once
-#   profile: where the default run's wall time goes (benchmarks/profile_loop.py, 1 fold)
+#   profile: where the default run's wall time goes (benchmarks/experiments/profile_loop.py, 1 fold)
 #   CARTPOLE_SETS="--set agent.lr=2.5e-4 ...": overrides for the cartpole part
 set -uo pipefail
 out=${OUT:-benchmarks/results}
@@ -17,7 +17,7 @@ for part in "${parts[@]}"; do
   echo "=== $part $(date -u +%T)"
   case $part in
     tests)
-      timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/rl/test_collect.py 2>&1 | tail -15 ;;
+      timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/rl/run/test_collect.py 2>&1 | tail -15 ;;
     market)
       # a first process compiles trimtab's Triton kernels into Triton's on-disk cache (about 45 s
       # of a first run, README "On the H200"): a --quick run first, recorded apart, so the timed
@@ -38,7 +38,7 @@ print(sys.argv[1].split("/")[-2], [(r["step"], r["episode_return"][:5]) for r in
 PY
       done ;;
     profile)
-      timeout 200 python3 benchmarks/profile_loop.py --device cuda \
+      timeout 200 python3 benchmarks/experiments/profile_loop.py --device cuda \
         --out "$out/profile_loop_h200.json" --key "market_${TRIMTAB_COMMIT:0:7}" 2>&1 | tail -12 ;;
     sample)
       timeout 500 python3 benchmarks/default_run.py --device cuda --seeds 0 1 2 --jobs 6 \

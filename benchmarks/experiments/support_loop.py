@@ -1,7 +1,8 @@
 """The adaptive C51 support's closed loop on CartPole's rewards, without an agent: how the
 measured target bound moves over a run's worth of updates (no network, no env: seconds a 1k).
 
-    python benchmarks/support_loop.py [--updates 49000] [--reward 1] [--gamma 0.99] [--quick]
+    python benchmarks/experiments/support_loop.py [--updates 49000] [--reward 1] [--gamma 0.99] \\
+        [--quick]
 
 With C51 alone the trainer's target bound measures each transition's reach ``|G| + γ b`` on the
 support ``b`` in force (``DQNAgent.bellman_targets``), and the support is that bound. For
@@ -15,7 +16,6 @@ commit: ``benchmarks/results/support_loop.json``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance, write_json
+from trimtab.benchmarking import benchmark_parser, provenance, write_json
 from trimtab.bounds import AdaptiveBounds
 from trimtab.estimate import AdaptiveEMA
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "support_loop.json"
 
 
@@ -78,12 +78,10 @@ def summarize(traj: list[float], fixed_point: float, every: int = 1000) -> dict[
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, quick="600 updates, nothing written")
     p.add_argument("--updates", type=int, default=49_000, help="a 500k CartPole run: 49k")
     p.add_argument("--reward", type=float, default=1.0, help="G of a non-terminal transition")
     p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--quick", action="store_true", help="600 updates, nothing written")
     p.add_argument(
         "--estimator-only",
         action="store_true",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then every GPU benchmark; JSON and logs land in $OUT.
-# Usage on the device machine: bash benchmarks/gpu_tier.sh [tests|bench|all] [bench names...]
+# Usage on the device machine: bash benchmarks/tools/gpu_tier.sh [tests|bench|all] [bench names...]
 set -uo pipefail
 OUT=${OUT:-/tmp/trimtab-out}
 mkdir -p "$OUT"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default `trimtab train` of two source trees over seeds, all runs at once, and the mean fold
 # Sharpe per tree (mean over seeds ± s.e. of each seed's mean over folds) into a JSON.
-# Usage: bash benchmarks/compare_default_runs.sh OLD_SRC NEW_SRC OUT.json [DEVICE] [SEEDS...]
+# Usage: bash benchmarks/tools/compare_default_runs.sh OLD_SRC NEW_SRC OUT.json [DEVICE] [SEEDS...]
 #   OLD_SRC, NEW_SRC: the src/ folders of two checkouts (e.g. of `git worktree add`)
 # Made benchmarks/results/default_run_old_vs_new_h200.json (device cuda, seeds 0 1 2).
 set -uo pipefail

@@ -3,7 +3,8 @@ step, check, store), replay sampling, the learn step, the sentinel's host read, 
 checkpoints and the greedy evaluation; and how often the learn step and the collection were
 captured in a CUDA graph.
 
-    python benchmarks/profile_loop.py --device cuda [--config FILE] [--set KEY=VALUE ...]
+    python benchmarks/experiments/profile_loop.py --device cuda [--config FILE] \\
+        [--set KEY=VALUE ...]
 
 Two runs of the same config: one plain (its wall time is the reference), one with each part
 timed (a device synchronisation before and after every call of a timed part, so the parts add
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 PARTS = {
     "collect": ("trimtab.rl.run.collect", "Collector", "step"),
@@ -87,12 +88,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from trimtab.rl.run.runner import train
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = benchmark_parser(__doc__, None, device="auto", key=True, out_help="JSON to add a record to")
     p.add_argument("--config", type=Path, default=None, help="default: the default market run")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", type=Path, default=None, help="JSON to add a record to")
-    p.add_argument("--key", default=None)
     p.add_argument(
         "--cprofile",
         type=int,
@@ -141,8 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = {name: {"s": acc[name], "calls": calls[name],
                    "us_per_call": 1e6 * acc[name] / calls[name]}
             for name in PARTS if calls[name]}  # fmt: skip
-    record = {**provenance(args.device), "command": " ".join(["benchmarks/profile_loop.py",
-              *(sys.argv[1:] if argv is None else argv)]), "plain_wall_s": plain_wall,
+    command = ["benchmarks/experiments/profile_loop.py", *(sys.argv[1:] if argv is None else argv)]
+    record = {**provenance(args.device), "command": " ".join(command), "plain_wall_s": plain_wall,
               "plain_train_s": plain["seconds"], "timed_wall_s": timed_wall,
               "timed_train_s": timed["seconds"], "updates": timed["updates"],
               "env_steps": timed["env_steps"], "parts": rows,

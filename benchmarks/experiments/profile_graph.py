@@ -1,7 +1,8 @@
 """Where the captured learn step's GPU time goes: the kernels of one replay of its CUDA graph,
 by name, per stability mode (what ``bench_trainer.py``'s captured rows are made of).
 
-    python benchmarks/profile_graph.py [--modes off adaptive] [--replays 20] [--out PATH]
+    python benchmarks/experiments/profile_graph.py [--modes off adaptive] [--replays 20] \\
+        [--out PATH]
 
 Each mode's learner is built and captured as ``bench_trainer.py`` does (the default config,
 ``run.cuda_graph = "on"``); its graph is replayed under ``torch.profiler`` and the GPU kernels
@@ -11,7 +12,6 @@ run eagerly, as a cross-check where the profiler cannot see into a graph. Needs 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections import defaultdict
@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 from trimtab.rl.config import TrainConfig
 
-DEFAULT_OUT = Path(__file__).parent / "results" / "profile_graph_h200.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "profile_graph_h200.json"
 
 
 def _kernels(prof: Any, n: int) -> dict[str, dict[str, float]]:
@@ -55,12 +55,10 @@ def profile(fn: Any, n: int) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__, DEFAULT_OUT, key=True)
     p.add_argument("--modes", nargs="+", default=["off", "fixed", "adaptive"])
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--key", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_graph.py profiles a CUDA graph: it needs a CUDA device")
@@ -92,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for name, k in list(kern.items())[: args.top]:
                 print(f"  {k['us']:8.1f} us  {k['launches']:5.1f}x  {name}")
         record["modes"][mode] = out
-    record["command"] = "benchmarks/profile_graph.py " + " ".join(
+    record["command"] = "benchmarks/experiments/profile_graph.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     save_record(args.out, args.key, record)

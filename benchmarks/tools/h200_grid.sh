@@ -4,7 +4,7 @@
 # resumable, so a grid spreads over several calls (the run directories stay under .grid/ while
 # the machine is held; the call also sends them back as tarballs to resume from elsewhere).
 #
-#   TRIMTAB_COMMIT=<hash> [CP_DEVICE=cuda] bash benchmarks/h200_grid.sh SECONDS [CARTPOLE_JOBS] \
+#   TRIMTAB_COMMIT=<hash> [CP_DEVICE=cuda] bash benchmarks/tools/h200_grid.sh SECONDS [CARTPOLE_JOBS] \
 #       [MARKET_JOBS] [tests]
 #
 # CP_DEVICE: where the CartPole trials train (cpu: one core each; cuda, the default: the GPU,
