@@ -209,9 +209,7 @@ class ReplayBuffer:
         self._win = {
             "obs": torch.zeros(n_envs, n, self.obs_dim, dtype=self.obs.dtype, device=dev),
             "action": torch.zeros(n_envs, n, self.n_branches, dtype=torch.int64, device=dev),
-            "reward": torch.zeros(
-                n_envs, n, *self._reward_shape, dtype=torch.float32, device=dev
-            ),
+            "reward": torch.zeros(n_envs, n, *self._reward_shape, dtype=torch.float32, device=dev),
         }
         self._win_len = torch.zeros(n_envs, dtype=torch.int64, device=dev)
         self._env_index = torch.arange(n_envs, device=dev)
