@@ -1,6 +1,7 @@
-"""The README's test command, timed: wall and CPU time of ``python -m pytest -q`` and what it
-reported (passed, skipped, failed), with the machine it ran on, written to
-``benchmarks/results/test_suite.json`` (the README's test time is read from there).
+"""The README's test command, timed: wall and CPU time of ``python -m pytest -q`` (every test
+but those marked ``slow``) and what it reported (passed, skipped, failed), with the machine it
+ran on, written to ``benchmarks/results/test_suite.json`` (the README's test time is read from
+there).
 
     python benchmarks/test_suite.py [--quick] [--key NAME] [--out FILE.json]
 
@@ -9,7 +10,6 @@ reported (passed, skipped, failed), with the machine it ran on, written to
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import resource
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from trimtab.benchmarking import provenance, save_record
+from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,10 +48,10 @@ def run(quick: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--key", default=None)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/test_suite.json")
+    p = benchmark_parser(
+        __doc__, ROOT / "benchmarks/results/test_suite.json", key=True,
+        quick="time tests/test_readme.py alone (a test runs this)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     rec = run(args.quick)
     key = save_record(args.out, args.key, rec)

@@ -8,9 +8,12 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 PEER = Path(__file__).parents[2] / "shared" / "peers" / "cleanrl"  # ../shared beside the repo
 
 
+@pytest.mark.slow
 def test_bench_cleanrl_quick(load_bench, tmp_path, capsys):
     bench = load_bench("bench_cleanrl")
     python = os.environ.get("CLEANRL_PYTHON")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 
+
+@pytest.mark.slow
 def test_faults_quick(load_bench, tmp_path, capsys):
     bench = load_bench("faults")
     out = tmp_path / "faults.json"

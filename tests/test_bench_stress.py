@@ -7,7 +7,10 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_stress_quick(load_bench, tmp_path):
     """Through the sweep runner on a local Ray instance; the run directories kept under --runs."""
     bench = load_bench("stress")

@@ -290,6 +290,7 @@ def _clip_rates(level, steps: int = 6000, seed: int = 0) -> list[float]:
     return [sum(clipped[a : a + 1000]) / 1000 for a in range(0, steps, 1000)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_clip_follows_a_steady_rise_of_the_norms(seed):
     """Norms rising tenfold over 5000 steps: the engagement test on the window's count raises
@@ -300,6 +301,7 @@ def test_clip_follows_a_steady_rise_of_the_norms(seed):
     assert rates[-1] < 0.1, rates
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_clip_rate_at_a_stationary_scale_stays_near_nominal(seed):
     """Stationary norms: the p99 clip binds on about 1% of steps after its first window. The

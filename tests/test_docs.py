@@ -392,6 +392,7 @@ SITE_PAGES = [
 ]
 
 
+@pytest.mark.slow
 def test_site_pages_in_a_browser(site, browser, tmp_path):
     served = Served(site)
     problems = []
@@ -609,6 +610,7 @@ def test_short_commands_run_as_written(tmp_path):
         assert proc.stdout.strip(), argv
 
 
+@pytest.mark.slow
 def test_run_directory_commands_run_as_written(report_warned, tmp_path):
     """The guides' ``trimtab report RUN_DIR`` and ``trimtab eval RUN_DIR --data ...`` lines,
     on a finished run, with its directory and data folder put in for the placeholders; and the

@@ -52,6 +52,7 @@ def _sequence(slots: int, steps: int, seed: int, positive: bool) -> tuple[torch.
     return obs, masks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slots", [1, 2, 17, 40])
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("masked", [False, True])

@@ -432,6 +432,7 @@ def test_a_shift_whose_noise_grew_with_it_raises_the_noise() -> None:
     assert abs(float(est) - 10.0) < 1.0 and float(ema.noise_var) > 20 * r_before
 
 
+@pytest.mark.slow
 def test_a_noise_free_closed_loop_holds_its_fixed_point():
     """The C51 support's loop (a bound fed back into its own measurement: every target reaches
     1 + 0.99 b) gives update_log an input with no noise. R floored at R_FLOOR_LOG keeps the

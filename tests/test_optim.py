@@ -203,6 +203,7 @@ def test_external_state_vector():
         topt.Adam(ps, state_vector=StateVector(topt.adam_slots(1, prefix="x")), prefix="net")
 
 
+@pytest.mark.slow
 def test_weight_drift_is_held_at_an_equilibrium_without_any_hand_set_bound():
     """A loss whose gradient pushes every weight outward forever (loss = -Σ w²): torch AdamW's
     max |w| grows step after step, trimtab's defaults hold the weights near an equilibrium."""
@@ -236,6 +237,7 @@ def test_weight_drift_is_held_at_an_equilibrium_without_any_hand_set_bound():
     assert ours_w.detach().abs().max().item() < start + 0.5
 
 
+@pytest.mark.slow
 def test_adaptive_decay_does_not_ratchet_weights_down_under_noise():
     """Gradients of pure noise push ‖w‖ out and in at random. A decay that cancels every
     outward step and keeps every inward one is a ratchet (the former rule shrank ‖w‖ by a
@@ -267,6 +269,7 @@ def _regression_to_a_distant_solution(opt_factory, noise: float, steps: int = 20
     return (w.detach() - w_star).norm().item() / w_star.norm().item(), opt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise", [0.1, 3.0])
 def test_adaptive_decay_lets_weights_grow_to_a_distant_solution(noise):
     """Decay must cancel drift, not learning: the outward push toward a solution is as steady

@@ -243,6 +243,7 @@ def _chunk_sizes(shapes):
     return sizes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_program", [1, 3])
 def test_sampling_covers_every_chunk_once_per_stride_steps(kernel_device, per_program):
     """Chunk c is histogrammed when (c + phase) % S == 0, also when a program steps several
@@ -337,6 +338,7 @@ def _groups(ps):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [lay.REPLICAS, 1])
 def test_finalize_kernel_matches_the_torch_finalize(kernel_device, monkeypatch, replicas):
     """Same update kernel, same workspaces: the one-launch finalize and the torch finalize
@@ -443,6 +445,7 @@ def _assert_same_state(a_ps, a, b_ps, b, exact):
     assert torch.equal(a._sel, b._sel) and torch.equal(a._phase, b._phase)
 
 
+@pytest.mark.slow
 def test_optimizer_paths_agree_over_many_steps_with_every_feature_on(kernel_device):
     """Reference (the CPU path) and Triton over 12 steps, float32 (the kernels' dtype): weight
     clamp, self-set decay, L1, two groups, a zero-size parameter, a parameter without a
@@ -486,6 +489,7 @@ def _bits_equal(a, b):
     return torch.equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", [torch.tensor(True), torch.tensor(1.0), torch.tensor([3.0])])
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_found_inf_leaves_everything_bitwise_unchanged(kernel_device, impl, flag):
@@ -512,6 +516,7 @@ def test_found_inf_leaves_everything_bitwise_unchanged(kernel_device, impl, flag
     assert opt.state[ps[0]]["step"].item() == 4 and opt._phase.item() == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_found_inf_zero_is_found_inf_none(kernel_device, impl):
     """A zero flag steps exactly as no flag (which is the step as it was before found_inf)."""

@@ -120,6 +120,7 @@ def _exact(x: torch.Tensor, q: float) -> tuple[float, int]:
     return float(finite.sort().values[k - 1]), a.numel() - n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_kernel_and_reference_match_exact_sort(family, dtype, kernel_device, request):
@@ -153,6 +154,7 @@ def _paths(kq, xs, q):
     return values.tolist(), kq.paths(ws)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_every_path_is_exact(small_plan, dtype, kernel_device, monkeypatch):
     """Force each path: a sample that misses the rest of the data (miss), a buffer too small

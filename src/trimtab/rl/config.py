@@ -481,8 +481,11 @@ def inapplicable_keys(cfg: TrainConfig) -> list[str]:
     [data], [walkforward] and the market's [env] keys for a Gymnasium env, [gym] for the
     market. (A key set to its default value is indistinguishable from one not set.)"""
     if not env_kind(cfg.env.name, cfg.env.impl).walk_forward:
+        # the assetwise network reads the market's observation layout (an asset's block)
+        assetwise = ["agent.assetwise"] if cfg.agent.assetwise else []
         return (
-            _changed(cfg.data, DataConfig(), "data")
+            assetwise
+            + _changed(cfg.data, DataConfig(), "data")
             + _changed(cfg.env, EnvConfig(), "env", keep=_ENV_SHARED)
             + _changed(cfg.walkforward, WalkForwardConfig(), "walkforward")
             + _changed(cfg.backtest, BacktestConfig(), "backtest")

@@ -185,3 +185,45 @@ def test_without_iqn_no_head_is_built_and_quantiles_say_why():
     assert out.logits.shape == (4, 2, 3, 7)
     with pytest.raises(RuntimeError, match=r"no IQN head.*iqn=True"):
         net.quantiles(out.trunk, torch.rand(4, 3))
+
+
+def test_assetwise_network_is_one_function_of_each_assets_own_block():
+    """AssetwiseQNetwork: branch d's outputs depend on asset d's features and position only,
+    through weights shared by every branch, so permuting the assets permutes the outputs
+    (C51 logits and IQN quantiles alike) and changing asset 0's block moves branch 0 alone."""
+    from trimtab.rl.agent.networks import AssetwiseQNetwork
+
+    torch.manual_seed(0)
+    d, f = 4, 3
+    net = AssetwiseQNetwork(d * f + d, [3] * d, hidden=16, depth=2, n_atoms=11, iqn_embed=8)
+    feats, pos = torch.randn(5, d, f), torch.randint(-1, 2, (5, d)).float()
+    obs = torch.cat([feats.flatten(1), pos], 1)
+    out = net(obs)
+    assert out.logits.shape == (5, d, 3, 11) and out.trunk.shape == (5, d, 16)
+    perm = torch.tensor([2, 0, 3, 1])
+    moved = net(torch.cat([feats[:, perm].flatten(1), pos[:, perm]], 1))
+    torch.testing.assert_close(moved.logits, out.logits[:, perm])
+    taus = torch.rand(5, 6)
+    z = net.quantiles(out.trunk, taus)
+    assert z.shape == (5, 6, d, 3)
+    torch.testing.assert_close(net.quantiles(moved.trunk, taus), z[:, :, perm])
+    bumped = feats.clone()
+    bumped[:, 0] += 1.0
+    other = net(torch.cat([bumped.flatten(1), pos], 1)).logits
+    assert not torch.allclose(other[:, 0], out.logits[:, 0])
+    torch.testing.assert_close(other[:, 1:], out.logits[:, 1:])
+    # one set of weights for every asset: as many as a one-asset network's
+    one = BranchingQNetwork(f + 1, [3], hidden=16, depth=2, n_atoms=11, iqn_embed=8)
+    assert sum(p.numel() for p in net.parameters()) == sum(p.numel() for p in one.parameters())
+    q = net.q_values(out.logits, atoms(-torch.ones(d), torch.ones(d), 11))
+    assert q.shape == (5, d, 3)
+
+
+@pytest.mark.parametrize(
+    ("obs_dim", "sizes"), [(10, [3, 3, 3, 3]), (8, [3, 2, 3, 3]), (4, [3, 3, 3, 3])]
+)
+def test_assetwise_network_refuses_another_layout(obs_dim, sizes):
+    from trimtab.rl.agent.networks import AssetwiseQNetwork
+
+    with pytest.raises(ValueError, match="assetwise network needs branches of one size"):
+        AssetwiseQNetwork(obs_dim, sizes, hidden=8)

@@ -48,6 +48,7 @@ def test_a_short_run_logs_in_bsuite_format_and_bsuite_loads_it(tmp_path):
     assert "Greedy evaluation" in (out / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_the_episode_budget_ends_a_run_without_a_step_cap(tmp_path, monkeypatch):
     _, sweep, _ = bsuite_modules()
     monkeypatch.setattr(sweep, "EPISODES", {**sweep.EPISODES, "mountain_car/0": 3})

@@ -287,6 +287,7 @@ def test_config_errors_of_the_torch_env(tmp_path, overrides, error):
         _config(tmp_path / "run", *overrides)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["gymnasium", "torch"])
 def test_both_implementations_learn_cartpole_from_the_same_seed(tmp_path, impl):
     """4000 env steps, an update every 2 and a short ε schedule: an untrained greedy policy

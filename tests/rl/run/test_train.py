@@ -197,3 +197,29 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys)
     # a line per tenth of each fold's 30 steps (3, 6, ..., 30), two folds
     assert len(lines) == 20, err
     assert lines[0].startswith("fold 0: 3/30 steps (10%") and lines[-1].startswith("fold 1: 30/30")
+
+
+def test_assetwise_agent_on_per_asset_rewards_trains_resumes_and_is_refused_off_market(tmp_path):
+    """agent.assetwise with env.reward = per_asset end to end: finite metrics, the replay holds
+    one reward per branch, a resume from its checkpoint gives the uninterrupted run's metrics;
+    both keys are refused where they would do nothing (a Gymnasium run)."""
+    from trimtab.rl.configio import ConfigError
+
+    over = {"agent": {**TINY["agent"], "assetwise": True},
+            "env": {**TINY["env"], "reward": "per_asset"}}  # fmt: skip
+    make = lambda out: from_dict(  # noqa: E731
+        TrainConfig, {**TINY, **over, "run": {**TINY["run"], "out": str(out)}}
+    )
+    full = train(make(tmp_path / "full"))
+    assert all(torch.isfinite(torch.tensor(f["sharpe"])) for f in full["folds"])
+    with pytest.raises(TrainingInterrupted):
+        train(make(tmp_path / "cut"), stop_after=45)  # last checkpoint: step 40, in fold 1
+    resumed = train(make(tmp_path / "cut"), resume=True)
+    for f_a, f_b in zip(full["folds"], resumed["folds"], strict=True):
+        assert f_a["sharpe"] == f_b["sharpe"] and f_a["total_return"] == f_b["total_return"]
+    a = (tmp_path / "full" / "metrics.csv").read_text()
+    assert a == (tmp_path / "cut" / "metrics.csv").read_text()
+    for key in ({"agent": {"assetwise": True}}, {"env": {"reward": "per_asset"}}):
+        with pytest.raises(ConfigError, match="does nothing in a Gymnasium run"):
+            env = {**key.get("env", {}), "name": "gym:CartPole-v1"}
+            from_dict(TrainConfig, {**key, "env": env})

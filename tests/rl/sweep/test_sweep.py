@@ -85,6 +85,7 @@ def _trial_sharpe(run_dir) -> float:
     return statistics.mean(f["sharpe"] for f in summary["folds"])
 
 
+@pytest.mark.slow
 def test_sweep_on_local_ray_merges_resumes_and_reports_failures(tmp_path, base, capsys):
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False)  # the sweep runs in the session it finds

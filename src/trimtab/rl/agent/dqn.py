@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from trimtab.lifecycle import active_lifecycle
 from trimtab.rl.agent.losses import atoms, c51_loss, c51_projection, quantile_huber_loss
-from trimtab.rl.agent.networks import BranchingQNetwork
+from trimtab.rl.agent.networks import AssetwiseQNetwork, BranchingQNetwork
 from trimtab.rl.agent.replay import ReplayBuffer
 from trimtab.rl.configio import ConfigError, check_fields
 
@@ -57,6 +57,10 @@ class AgentConfig:
     head_hidden: int | None = None  # width of the value/advantage streams; None = hidden
     trunk: str = "layernorm"  # "layernorm", "mlp" (no normalisation) or "gated"
     dueling: bool = True  # value + advantage streams; False = one plain MLP head per branch
+    # True: one network shared by the branches, each seeing only its own asset's features and
+    # position (AssetwiseQNetwork; the market's observation layout); False: every branch reads
+    # the whole observation through one trunk (BranchingQNetwork)
+    assetwise: bool = False
     # True: the online net picks the next action, the target net evaluates it (Double DQN);
     # False: the target net does both (Bellemare et al.'s C51, CleanRL's c51.py)
     double_dqn: bool = True
@@ -90,7 +94,7 @@ class AgentConfig:
             bad.append(f"adam_eps={self.adam_eps} must be > 0 (it keeps Adam's divisor positive)")
         if self.trunk not in ("layernorm", "mlp", "gated"):
             bad.append(f"trunk={self.trunk!r} is not 'layernorm', 'mlp' or 'gated'")
-        for name in ("dueling", "double_dqn", "prioritized"):
+        for name in ("dueling", "double_dqn", "prioritized", "assetwise"):
             if not isinstance(getattr(self, name), bool):
                 bad.append(f"{name}={getattr(self, name)!r} must be true or false")
         if bad:
@@ -216,7 +220,8 @@ class DQNAgent:
 
     def _make_network(self, trunk_out: nn.Module | None) -> BranchingQNetwork:
         cfg = self.config
-        return BranchingQNetwork(
+        network = AssetwiseQNetwork if cfg.assetwise else BranchingQNetwork
+        return network(
             self.obs_dim, self.branch_sizes, hidden=cfg.hidden, depth=cfg.depth,
             n_atoms=cfg.n_atoms, iqn_embed=cfg.iqn_embed, head_hidden=cfg.head_hidden,
             trunk=cfg.trunk, dueling=cfg.dueling, trunk_out=trunk_out,  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["BranchOutput", "BranchingQNetwork", "expected_q"]
+__all__ = ["AssetwiseQNetwork", "BranchOutput", "BranchingQNetwork", "expected_q"]
 
 TrunkKind = Literal["layernorm", "mlp", "gated"]
 
@@ -218,3 +218,57 @@ class BranchingQNetwork(nn.Module):
     def q_values(self, logits: Tensor, atoms: Tensor) -> Tensor:
         """:func:`expected_q` with this network's action mask: ``[B, D, A]``."""
         return expected_q(logits, atoms, self.action_mask)
+
+
+class AssetwiseQNetwork(BranchingQNetwork):
+    """One network shared by every branch, each branch seeing only its own block of the input:
+    the *identical independent evaluators* of Jiang, Xu & Liang (2017, *A Deep Reinforcement
+    Learning Framework for the Financial Portfolio Management Problem*), with the heads of
+    :class:`BranchingQNetwork`.
+
+    The observation is the market's layout ``[x_1 .. x_D, p_1 .. p_D]``: ``D`` blocks of ``F``
+    features (one per asset) then the ``D`` positions held. Branch ``d`` gets
+    ``h_d = f([x_d, p_d])`` from the trunk and its outputs from one single-branch head applied to
+    ``h_d``, the same weights for every ``d``: ``ℓ_d(x, a) = V(h_d) + A(h_d, a) − mean_a' A(h_d,
+    a')``. Every asset is then a sample of one function, so a fold's data trains it ``D`` times
+    over, and no branch can fit another asset's noise. ``trunk`` is ``[B, D, hidden]``; the
+    branches must have one size (one set of levels).
+    """
+
+    def __init__(self, obs_dim: int, branch_sizes: Sequence[int], **kwargs: object) -> None:
+        sizes = [int(n) for n in branch_sizes]
+        d = len(sizes)
+        if not sizes or len(set(sizes)) != 1 or obs_dim % d or obs_dim // d < 2:
+            raise ValueError(
+                f"an assetwise network needs branches of one size and an observation of "
+                f"{d} blocks of features plus {d} positions (obs_dim a multiple of {d}, at least "
+                f"{2 * d}); got branch_sizes={sizes}, obs_dim={obs_dim}"
+            )
+        self.block = obs_dim // d  # F features and the position of one asset
+        super().__init__(self.block, sizes[:1], **kwargs)  # type: ignore[arg-type]
+        self.branch_sizes = sizes
+        self.obs_dim = obs_dim
+        mask = torch.arange(max(sizes)) < torch.tensor(sizes).unsqueeze(1)
+        self.register_buffer("action_mask", mask, persistent=False)
+
+    def own_inputs(self, obs: Tensor) -> Tensor:
+        """``[B, D*F + D] -> [B, D, F + 1]``: each asset's features and its position."""
+        d, f = self.n_branches, self.block - 1
+        feats = obs[..., : d * f].reshape(*obs.shape[:-1], d, f)
+        return torch.cat([feats, obs[..., d * f :].unsqueeze(-1)], dim=-1)
+
+    def features(self, obs: Tensor) -> Tensor:
+        """Trunk features per branch ``h_d``, after ``trunk_out``: ``[B, D, hidden]``."""
+        return self.trunk_out(self.trunk(self.own_inputs(obs)))
+
+    def forward(self, obs: Tensor) -> BranchOutput:
+        h = self.features(obs)
+        return BranchOutput(trunk=h, logits=self.c51_head(h).squeeze(-3))  # [B, D, A, N]
+
+    def quantiles(self, trunk: Tensor, taus: Tensor) -> Tensor:
+        """``trunk [B, D, H]``, ``taus [B, T] -> [B, T, D, A]``."""
+        if not self.iqn:
+            return super().quantiles(trunk, taus)  # raises: no IQN head
+        phi = torch.relu(self.tau_embed(torch.cos(taus.unsqueeze(-1) * self.cos_freq)))
+        z = self.iqn_head(trunk.unsqueeze(1) * phi.unsqueeze(2))  # [B, T, D, 1, A, 1]
+        return z.squeeze(-1).squeeze(-2)
