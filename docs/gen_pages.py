@@ -834,6 +834,8 @@ API: dict[str, tuple[str, str, list[tuple[str, list[str]]]]] = {
         "kernels (`trimtab.kernels`, leaves) load on first use on a CUDA tensor.",
         [
             ("trimtab.guard:Guard", []),
+            ("trimtab.guard:GuardParts", []),
+            ("trimtab.guard:SentinelChecks", []),
             ("trimtab.bounds:AdaptiveBounds", []),
             ("trimtab.bounds:BoundClamp", []),
             ("trimtab.clamp:clamp_finite_", []),

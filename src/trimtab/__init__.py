@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the same names, typed, for type checkers and IDEs
     from trimtab.clip import AdaptiveGradClip
     from trimtab.engagement import EngagementCorrection
     from trimtab.estimate import AdaptiveEMA
-    from trimtab.guard import Guard
+    from trimtab.guard import Guard, GuardParts
     from trimtab.lifecycle import Lifecycle
     from trimtab.nonfinite import NonFinitePolicy
     from trimtab.quantile import abs_quantile, abs_quantiles
@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Guard": "trimtab.guard",
+    "GuardParts": "trimtab.guard",
     "StateVector": "trimtab.state",
     "Slot": "trimtab.state",
     "LayoutMismatchError": "trimtab.state",
@@ -57,6 +58,7 @@ __all__ = [
     "BoundClamp",
     "EngagementCorrection",
     "Guard",
+    "GuardParts",
     "LayoutMismatchError",
     "Lifecycle",
     "NonFiniteError",

@@ -50,7 +50,7 @@ def test_the_cpu_learner_runs_eagerly_and_refuses_a_graph(tmp_path):
     learner = wired_learner(tiny(tmp_path))
     assert learner.graph is None  # auto on the CPU
     with pytest.raises(ValueError, match="needs the agent on a CUDA device"):
-        Learner(learner.agent, learner.stability, learner.policy, cuda_graph=True)
+        Learner(learner.agent, learner.stability, learner.guard, cuda_graph=True)
 
 
 def test_the_flag_is_read_every_check_every_steps_and_names_the_fire(tmp_path):

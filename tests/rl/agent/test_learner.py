@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import FrozenInstanceError, replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from rl_helpers import random_batch, tiny, wired_learner
 
+from trimtab.clip import AdaptiveGradClip
 from trimtab.lifecycle import Lifecycle
 from trimtab.quantile import abs_quantile
 from trimtab.rl.agent.learner import Learner, build_learner
@@ -21,8 +24,6 @@ MODES = ["adaptive", "fixed", "off"]
 def _learner(mode: str = "adaptive", policy: str = "halt", **agent) -> tuple[Learner, Lifecycle]:
     cfg = tiny(Path("unused"), stability=mode, on_nonfinite=policy)
     if agent:
-        from dataclasses import replace
-
         cfg = replace(cfg, agent=replace(cfg.agent, **agent))
     with Lifecycle() as life:
         learner = build_learner(cfg, 5, [3, 3], torch.device("cpu"))
@@ -65,7 +66,7 @@ def test_fold_boundary_resets_every_piece_of_state(mode):
     assert learner.nonfinite_count() >= 1
     life.fold_boundary()
     fresh, _ = _learner(mode)
-    got, want = _flat(learner.stability.state_dict()), _flat(fresh.stability.state_dict())
+    got, want = _flat(learner.state_dict()["stability"]), _flat(fresh.state_dict()["stability"])
     assert got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, equal_nan=True, msg=k)
@@ -98,7 +99,8 @@ def test_first_bounds_after_a_boundary_follow_the_new_scale():
         seen.append(abs_quantile(x.clone(), 0.99))
         bound_targets(x)
 
-    learner.stability.bound_targets = spy
+    # a spy on the targets' bound: the stability's parts are frozen, the learner reads a copy
+    learner.stability = replace(learner.stability, bound_targets=spy)
     learner.learn(_scaled_batch(-0.05, 1000))
     got = learner.stability.state["targets_bound"]
     torch.testing.assert_close(got, seen[0], rtol=1e-6, atol=0)
@@ -202,6 +204,30 @@ def test_learn_step_reads_top_to_bottom_with_no_mode_branch():
     assert inspect.getsource(Learner.guarded_step).count("# stability") >= 8
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_learn_step_stands_on_one_guard_built_from_the_modes_parts(mode):
+    """Issue 27: the learner's parts are one trimtab.Guard's (built once, from the mode's
+    stability parts, never set afterwards), and the learn step calls its phases in order."""
+    learner, _ = _learner(mode)
+    g, s = learner.guard, learner.stability
+    assert g.state is s.state and g.checks is s.checks and g.sentinel is s.sentinel
+    assert g.bounds is s.bounds and (g.bounds is None) == (mode != "adaptive")
+    assert g.optimizer is learner.agent.optimizer and g.keep_grads and g.distributed is None
+    clip = {"adaptive": AdaptiveGradClip, "fixed": partial, "off": type(None)}[mode]
+    assert isinstance(g.clip, clip)
+    assert (g.parts.clamp_weights is not None) == (mode == "fixed")
+    with pytest.raises(FrozenInstanceError):
+        s.bounds = None  # type: ignore[misc]
+    step = inspect.getsource(Learner.guarded_step)
+    phases = ["check_loss", "backward", "check_gradients", "decide", "clip_gradients",
+              "optimizer_step", "fold", "check_weights"]  # fmt: skip
+    at = [step.index(f"guard.{p}(") for p in phases]
+    assert at == sorted(at)
+    other, _ = _learner(mode)
+    with pytest.raises(ValueError, match="not built from this stability's parts"):
+        Learner(learner.agent, learner.stability, other.guard)
+
+
 def test_a_huge_support_edge_is_named():
     """A finite but absurd C51 support (1e30) fires the atom_span slot against the bound it is
     read from (it once checked for NaN/Inf only: the one silent case of the fault benchmark)."""
@@ -224,7 +250,7 @@ def test_clip_rate_is_logged_per_interval_and_restarts_at_a_boundary(mode):
     if mode != "adaptive":
         assert math.isnan(float(learner.log_values()["engaged/grad_clip"]))
         return
-    clip = learner.stability.clip
+    clip = learner.guard.clip
     for i in range(10):
         learner.learn(_scaled_batch(5.0, i))
     first = float(learner.log_values()["engaged/grad_clip"])

@@ -62,7 +62,7 @@ def _snapshot(learner) -> dict[str, torch.Tensor]:
     for i, st in enumerate(learner.agent.optimizer.state.values()):
         out.update({f"opt{i}.{k}": v for k, v in st.items() if isinstance(v, torch.Tensor)})
     out["state_vector"] = learner.stability.state.tensor
-    out["found_inf"] = learner.policy.found_inf
+    out["found_inf"] = learner.guard.policy.found_inf
     out["generator"] = learner.agent.generator.get_state()
     return {k: v.detach().clone() for k, v in out.items()}
 

@@ -43,7 +43,7 @@ def test_the_trainer_hands_its_cadence_to_every_measured_bound():
     learner = wired_learner(tiny(Path("unused"), measure_every=5))
     s = learner.stability
     assert s.bounds.cadence.every == 5
-    assert s.clip.cadence.every == 5
+    assert learner.guard.clip.cadence.every == 5
     assert isinstance(learner.agent.optimizer, Adam)
     assert learner.agent.optimizer.cadence.every == 5
     default = wired_learner(tiny(Path("unused")))  # "auto" on the CPU
@@ -69,7 +69,7 @@ def test_the_learn_step_moves_the_measured_slots_on_due_steps_only():
         weights.append(learner.params[0].detach().clone())
     assert all(not torch.equal(a, b) for a, b in itertools.pairwise(weights))  # every step learns
     assert adam.cadence.step == learner.stability.bounds.cadence.step == 7
-    assert learner.stability.clip.cadence.step == 7
+    assert learner.guard.clip.cadence.step == 7
 
 
 def test_one_measures_every_step_as_before():

@@ -185,7 +185,7 @@ def test_bound_quantile_and_clamp_headroom_reach_every_adaptive_bound():
     learner = _learner(tiny(Path("unused"), bound_quantile=0.999, clamp_headroom=3.0))
     s = learner.stability
     assert s.bounds.q == 0.999 and s.bounds.headroom == 3.0
-    assert learner.agent.optimizer.quantile == 0.999 and s.clip.quantile == 0.999
+    assert learner.agent.optimizer.quantile == 0.999 and learner.guard.clip.quantile == 0.999
     batch = random_batch()
     for _ in range(3):
         learner.learn(batch)
@@ -199,8 +199,8 @@ def test_bound_quantile_and_clamp_headroom_reach_every_adaptive_bound():
 
 
 def test_clip_headroom_reaches_the_clip_and_is_refused_where_no_adaptive_clip_runs():
-    assert _learner(tiny(Path("unused"))).stability.clip.headroom == 1.0
-    assert _learner(tiny(Path("unused"), clip_headroom=2.0)).stability.clip.headroom == 2.0
+    assert _learner(tiny(Path("unused"))).guard.clip.headroom == 1.0
+    assert _learner(tiny(Path("unused"), clip_headroom=2.0)).guard.clip.headroom == 2.0
     for mode in ("fixed", "off"):
         with pytest.raises(ValueError, match=r"clip_headroom=2\.0 applies to the adaptive"):
             tiny(Path("unused"), stability=mode, clip_headroom=2.0)

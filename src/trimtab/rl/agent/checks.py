@@ -129,6 +129,9 @@ class Checks:
     that a consumer uses, or a ``*_scale`` slot that :meth:`_fold` keeps at the largest threshold
     this fold. Diagnostics never change training: with :attr:`enabled` False no check runs and
     every number of the step is unchanged (tested).
+
+    It is the trainer's :class:`trimtab.guard.StepChecks`: the Guard's loss, gradient and
+    weight phases run :meth:`loss` (the forward phase), :meth:`gradients` and :meth:`weights`.
     """
 
     def __init__(
@@ -249,13 +252,18 @@ class Checks:
         """Hold ``x`` as this step's buffer ``name`` for the next check of its phase."""
         self._seen[name] = x
 
-    def forward(self, obs: Tensor, atom_span: Tensor, logits: Tensor, loss: Tensor) -> None:
-        """Phase ``forward``, then measure the watched buffers' max |x| (folded into their
-        threshold scales by :meth:`gradients`)."""
-        self._loss.copy_(loss.detach())
+    def see_forward(self, obs: Tensor, atom_span: Tensor, logits: Tensor) -> None:
+        """Hold the forward phase's buffers besides the loss, for :meth:`loss` to check."""
         self._seen.update(obs=obs, atom_span=atom_span, logits=logits.detach())
+
+    def loss(self, loss: Tensor) -> None:
+        """Phase ``forward`` (the Guard's loss check, :meth:`trimtab.Guard.check_loss`): the
+        loss with what :meth:`see_forward` and :meth:`see` hold, then measure the watched
+        buffers' max |x| (folded into their threshold scales by :meth:`gradients`)."""
+        self._loss.copy_(loss.detach())
         self._check("forward")
-        self._measure({"obs": obs, "logits": self._seen["logits"], "loss": self._loss})
+        self._measure({"obs": self._seen["obs"], "logits": self._seen["logits"],
+                       "loss": self._loss})  # fmt: skip
 
     def trunk_grad(self, g: Tensor) -> None:
         """Hook on the trunk output: phase ``backward_heads``, then measure it likewise."""

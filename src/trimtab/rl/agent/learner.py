@@ -1,9 +1,11 @@
 """The learner: one agent, the stability parts of its mode, and the one guarded learn step that
-every runner calls. The step reads top to bottom; every stability call is marked.
+every runner calls. The step is :class:`trimtab.Guard`'s phases with the trainer's own checks and
+bounds between them; it reads top to bottom, every stability call marked.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -11,10 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trimtab.clip import AdaptiveGradClip
 from trimtab.distributed import RankConsistent
+from trimtab.guard import Guard
 from trimtab.lifecycle import register
-from trimtab.nonfinite import NonFinitePolicy
-from trimtab.rl.agent.checks import WATCHED
 from trimtab.rl.agent.dqn import DQNAgent
 from trimtab.rl.agent.graphed import Beside, CapturedStep
 from trimtab.rl.agent.replay import ReplayBuffer
@@ -31,25 +33,25 @@ __all__ = ["Learner", "build_learner", "uses_cuda_graph"]
 
 
 class Learner:
-    """An agent, the stability parts of its mode and the learn step (build it with
-    :func:`build_learner` inside the run's :class:`trimtab.Lifecycle`, so every piece of state
-    registers its fold-boundary reset).
+    """An agent, the stability parts of its mode, the :class:`trimtab.Guard` built from them
+    and the learn step (build it with :func:`build_learner` inside the run's
+    :class:`trimtab.Lifecycle`, so every piece of state registers its fold-boundary reset).
 
-    ``consistent``: a multi-process run's rank part (:class:`trimtab.distributed.RankConsistent`),
-    passed in once: the sentinel, the bounds and the checks' threshold scales attach to it here;
-    each step reduces them over the ranks before the fold (one ``all_reduce``), a halt decision
-    merges the ranks' flags first, and a loaded checkpoint keeps this rank's own seed and
-    random stream (rank 0 saved it)."""
+    ``guard.distributed``: a multi-process run's rank part
+    (:class:`trimtab.distributed.RankConsistent`), passed into the Guard once
+    (:meth:`Stability.guard`): the sentinel, the bounds and the checks' threshold scales are
+    attached to it; each step reduces them over the ranks before the fold (one ``all_reduce``),
+    a halt decision merges the ranks' flags first, and a loaded checkpoint keeps this rank's own
+    seed and random stream (rank 0 saved it)."""
 
     def __init__(
         self,
         agent: DQNAgent,
         stability: Stability,
-        policy: NonFinitePolicy,
+        guard: Guard,
         *,
         cuda_graph: bool = False,
         check_every: int = DEFAULT_CHECK_EVERY,
-        consistent: RankConsistent | None = None,
     ) -> None:
         if check_every < 1:
             raise ValueError(f"check_every={check_every} must be >= 1 (learn steps per host read)")
@@ -58,21 +60,21 @@ class Learner:
                 f"cuda_graph=True needs the agent on a CUDA device, not {agent.device}; "
                 "run eagerly (cuda_graph=False) on the CPU"
             )
-        self.agent, self.stability, self.policy = agent, stability, policy
+        if guard.state is not stability.state or guard.checks is not stability.checks:
+            raise ValueError(
+                "Learner: the Guard was not built from this stability's parts; build it with "
+                "stability.guard(agent.online, agent.optimizer)"
+            )
+        self.agent, self.stability, self.guard = agent, stability, guard
         self.params = list(agent.online.parameters())
         self.check_every = check_every
-        self.consistent = consistent
-        if consistent is not None:
-            consistent.attach(stability.sentinel)
-            if stability.bounds is not None:
-                consistent.attach(stability.bounds)
-            consistent.attach_max(*(stability.state[f"{n}_scale"] for n in WATCHED))
+        self.consistent: RankConsistent | None = guard.distributed
         #: the bounds' end-of-step fold runs on a second stream beside the sentinel's
         #: optimizer-phase check (CUDA, modes with measured bounds; the others fold nothing).
         #: Not with ranks: the fold then carries the sentinel's merge, which writes the records
         #: that the check beside it writes too (on one stream, in sequence).
         self.beside = Beside(
-            agent.device, enabled=stability.bounds is not None and consistent is None
+            agent.device, enabled=stability.bounds is not None and self.consistent is None
         )
         #: the captured step on a given batch (None: eager), and the one that samples its
         #: batch inside the graph (:meth:`learn_from`; built at its first call, per replay)
@@ -152,9 +154,10 @@ class Learner:
 
     def guarded_step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The device part of :meth:`learn`, what a CUDA graph captures: it changes no host
-        state and makes no host synchronisation; every decision is a device operation."""
-        agent, s = self.agent, self.stability
-        s.checks.batch(batch, self.policy)  # stability: sentinel "batch" first; skip/sanitize
+        state and makes no host synchronisation; every decision is a device operation. The
+        Guard's phases (``guard.*``), with the trainer's checks and bounds between them."""
+        agent, s, guard = self.agent, self.stability, self.guard
+        s.checks.batch(batch, guard.policy)  # stability: sentinel "batch" first; skip/sanitize
         support = s.support()  # stability: the C51 support (adaptive: ±measured target bound)
         z = agent.atoms(*support)
         with agent.precision():
@@ -164,28 +167,20 @@ class Learner:
         s.checks.see("trunk", pred.trunk.detach())
         with agent.precision():
             loss, info = agent.loss(batch, pred, targets, support, z)
-        s.checks.forward(batch["obs"], support[1], pred.logits, loss)  # stability: sentinel
+        s.checks.see_forward(batch["obs"], support[1], pred.logits)  # the forward phase's rest
+        guard.check_loss(loss)  # stability: sentinel "forward", the loss and the buffers above
         if pred.trunk.requires_grad:
             pred.trunk.register_hook(s.checks.trunk_grad)  # stability: sentinel, heads' grad
-        # Gradients keep their buffers (zeroed, not set to None): the sentinel's pointer table
-        # and a captured CUDA graph both need stable addresses. One multi-tensor zero (the
-        # optimizer's zero_grad zeroes them one launch each unless it was built with foreach).
-        kept = [p.grad for p in self.params if p.grad is not None]
-        if kept:
-            torch._foreach_zero_(kept)
-        loss.backward()
-        s.checks.gradients()  # stability: sentinel "backward", before anything rewrites grads
-        grads = [p.grad for p in self.params if p.grad is not None]
-        info["found_inf"] = self.policy.inspect(grads)  # stability: flag (sanitize: zero)
-        if s.clip is not None:
-            info["grad_norm"] = s.clip(self.params)  # stability: gradient clip
-        self.policy.step()  # stability: the optimizer step honours found_inf under "skip"
-        s.after_step()  # stability: fixed mode's weight clamp
+        guard.backward(loss)  # gradients zeroed in place (stable addresses), then backward
+        guard.check_gradients()  # stability: sentinel "backward", before anything rewrites them
+        info["found_inf"] = guard.decide()  # stability: flag (sanitize: zero)
+        norm = guard.clip_gradients()  # stability: gradient clip (none in mode off)
+        if norm is not None:
+            info["grad_norm"] = norm
+        guard.optimizer_step()  # stability: honours found_inf under "skip"; fixed: weight clamp
         with self.beside:  # on CUDA beside the check below (they touch disjoint state)
-            if self.consistent is not None:
-                self.consistent.sync()  # stability: the ranks' one all_reduce before the fold
-            s.fold()  # stability: fold every bound measured this step, once
-        s.checks.weights()  # stability: sentinel "optimizer" (weights, moments)
+            guard.fold()  # stability: the ranks' one all_reduce, then every bound's fold, once
+        guard.check_weights()  # stability: sentinel "optimizer" (weights, moments)
         self.beside.join()
         return info
 
@@ -206,14 +201,13 @@ class Learner:
         cfg = TrainConfig(run=RunConfig(stability="off"), agent=agent.config)
         stab = build_stability(cfg, n_branches=len(agent.branch_sizes), device=agent.device)
         stab = replace(stab, support=agent.support_fn)  # the agent's own support
-        stab.attach(agent.online, agent.optimizer)
-        return cls(agent, stab, NonFinitePolicy("halt", agent.optimizer, agent.device))
+        return cls(agent, stab, stab.guard(agent.online, agent.optimizer))
 
     # --- what a runner calls and reads ----------------------------------------------------
     def see_env(self, obs: Tensor, reward: Tensor, final_obs: Tensor) -> None:
         """Sentinel phase ``env`` on an env step's output, before replay stores it (then
         ``sanitize`` zeroes what is non-finite). One launch, no host sync."""
-        self.stability.checks.env(obs, reward, final_obs, self.policy)
+        self.stability.checks.env(obs, reward, final_obs, self.guard.policy)
 
     @property
     def fingerprint(self) -> str:
@@ -222,8 +216,13 @@ class Learner:
 
     def log_values(self) -> dict[str, Tensor]:
         """Bounds and engagement rates since the last call (device tensors)."""
-        s = self.stability
+        s, clip = self.stability, self.guard.clip
         rates = s.rates()
+        clip_rate = (  # the trainer's clip has one global bound; NaN without an adaptive one
+            clip.engaged_rate()[0]
+            if isinstance(clip, AdaptiveGradClip)
+            else torch.full((), math.nan, device=s.state.device)
+        )
         return {
             "bound/support": s.support()[1].mean(),
             "bound/trunk": s.state["trunk_bound"],
@@ -232,7 +231,7 @@ class Learner:
             "bound/grad_clip": s.state["grad_clip_bound"],
             "engaged/target_clamp": rates[0],
             "engaged/trunk_clamp": rates[1],
-            "engaged/grad_clip": s.clip_rate(),
+            "engaged/grad_clip": clip_rate,
         }
 
     def halt_message(self) -> str | None:
@@ -259,7 +258,8 @@ class Learner:
         return self.stability.sentinel.to_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"agent": self.agent.state_dict(), "stability": self.stability.state_dict()}
+        stability = self.stability.state_dict(self.guard.clip)
+        return {"agent": self.agent.state_dict(), "stability": stability}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load in place: every buffer keeps its address (the optimizer's loader allocates new
@@ -275,7 +275,7 @@ class Learner:
         self.agent.load_state_dict(state["agent"])
         if stream is not None:  # and its own stream (a mid-fold resume restores the saved one)
             self.agent.generator.set_state(stream)
-        self.stability.load_state_dict(state["stability"])
+        self.stability.load_state_dict(state["stability"], self.guard.clip)
         for p, st in opt.state.items():
             for key, new in st.items():
                 old = before.get(p, {}).get(key)
@@ -303,10 +303,11 @@ def build_learner(
     wrap_online: Callable[[nn.Module], nn.Module] | None = None,
     consistent: RankConsistent | None = None,
 ) -> Learner:
-    """The agent and the stability parts of ``cfg.run.stability`` (and ``cfg.run.ablate``),
-    chosen here once: the learn step has no branch on the mode. A multi-process run passes its
-    rank parts in (:meth:`trimtab.rl.run.ddp.Ranks.parts`): ``wrap_online`` (DDP around the
-    online network) and ``consistent`` (the bounds and flags reduced over the ranks)."""
+    """The agent, the stability parts of ``cfg.run.stability`` (and ``cfg.run.ablate``) and the
+    Guard built from them, chosen here once: the learn step has no branch on the mode. A
+    multi-process run passes its rank parts in (:meth:`trimtab.rl.run.ddp.Ranks.parts`):
+    ``wrap_online`` (DDP around the online network) and ``consistent`` (the bounds and flags
+    reduced over the ranks: the Guard's ``distributed`` part)."""
     stab = build_stability(cfg, n_branches=len(branch_sizes), device=device)
     agent = DQNAgent(
         obs_dim, branch_sizes, replace(cfg.agent, seed=cfg.run.seed), device,
@@ -314,7 +315,6 @@ def build_learner(
         autocast=AUTOCAST_DTYPES[cfg.run.autocast], trunk_out=stab.trunk_out,
         wrap_online=wrap_online,
     )  # fmt: skip
-    stab.attach(agent.online, agent.optimizer)
-    policy = NonFinitePolicy(cfg.run.on_nonfinite, agent.optimizer, device)
-    return Learner(agent, stab, policy, cuda_graph=uses_cuda_graph(cfg.run, device),
-                   check_every=cfg.run.check_every, consistent=consistent)  # fmt: skip
+    guard = stab.guard(agent.online, agent.optimizer, consistent)
+    return Learner(agent, stab, guard, cuda_graph=uses_cuda_graph(cfg.run, device),
+                   check_every=cfg.run.check_every)  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,10 +25,13 @@ from torch import Tensor, nn
 from trimtab.bounds import AdaptiveBounds, BoundClamp
 from trimtab.clamp import guard_
 from trimtab.clip import AdaptiveGradClip
+from trimtab.distributed import RankConsistent
+from trimtab.guard import Clip, Guard, GuardParts
 from trimtab.lifecycle import register
+from trimtab.nonfinite import NonFinitePolicy
 from trimtab.optim import Adam
 from trimtab.optim.adam import adam_slots
-from trimtab.rl.agent.checks import Checks, watch_slots
+from trimtab.rl.agent.checks import WATCHED, Checks, watch_slots
 from trimtab.rl.config import ABLATIONS, TrainConfig, measure_every
 from trimtab.sentinel import Sentinel
 from trimtab.state import Slot, StateVector
@@ -80,10 +84,12 @@ class _FixedClamp:
         return r
 
 
-@dataclass(slots=True)  # slots: setting a field it lacks raises instead of doing nothing
+@dataclass(frozen=True, slots=True)  # frozen: a part is chosen once, never set afterwards
 class Stability:
-    """The parts of one run's stability, built by :func:`build_stability`; the learn step
-    (:meth:`trimtab.rl.agent.learner.Learner.learn`) calls each at its place in the step."""
+    """The parts of one run's stability that the agent is built with, chosen once by
+    :func:`build_stability`; :meth:`guard` then builds the :class:`trimtab.Guard` over the
+    agent's network and optimizer from them. The learn step
+    (:meth:`trimtab.rl.agent.learner.Learner.guarded_step`) calls each at its place."""
 
     mode: str
     state: StateVector
@@ -101,12 +107,9 @@ class Stability:
     make_optimizer: Callable[..., torch.optim.Optimizer]
     #: engagement rates of the (target, trunk) clamps since the last call
     rates: Callable[[], Tensor]
-    clip: Callable[[list[Tensor]], Tensor] | None = None
-    #: after the optimizer step: the fixed mode's weight clamp, else nothing
-    after_step: Callable[[], None] = lambda: None
-    #: end of step: fold every bound measured this step, once
-    fold: Callable[[], Any] = lambda: None
-    #: attach() builds an AdaptiveGradClip over the network's parameters
+    #: the answer to a non-finite gradient or input (run.on_nonfinite)
+    on_nonfinite: str = "halt"
+    #: :meth:`guard` builds an AdaptiveGradClip over the network's parameters
     adaptive_clip: bool = False
     #: the quantile the AdaptiveGradClip estimates (run.bound_quantile)
     quantile: float = 0.99
@@ -119,31 +122,45 @@ class Stability:
     def fingerprint(self) -> str:
         return self.state.fingerprint
 
-    def attach(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Build the parts that need the agent's parameters: the clip, the fixed weight clamp,
-        the sentinel's gradient, weight and moment slots."""
+    def guard(
+        self,
+        net: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        consistent: RankConsistent | None = None,
+    ) -> Guard:
+        """The Guard of the learn step over the agent's network and its optimizer, built once
+        (inside the run's Lifecycle: every part registers its reset there). Its parts: this
+        mode's clip (adaptive: :class:`trimtab.AdaptiveGradClip`; fixed: the hand-set norm clip
+        and, after the step, the hand-set weight clamp; off: none), the sentinel's gradient,
+        weight and moment slots (:meth:`Checks.attach`), the non-finite policy, the bounds; and
+        a multi-process run's rank part, to which the checks' threshold scales attach (MAX
+        over the ranks) before the Guard attaches the sentinel and the bounds."""
         params = list(net.parameters())
+        clip: Clip | None = None
+        clamp_weights: Callable[[], None] | None = None
         if self.adaptive_clip:
-            self.clip = AdaptiveGradClip(params, quantile=self.quantile, state_vector=self.state,
-                                         headroom=self.clip_headroom,
-                                         measure_every=self.measure_every)  # fmt: skip
-        if self.mode == "fixed":
-            self.clip = lambda ps: torch.nn.utils.clip_grad_norm_(ps, FIXED["grad_clip"])
-            self.after_step = lambda: _clamp_weights(params, FIXED["weight_clamp"])
+            clip = AdaptiveGradClip(params, quantile=self.quantile, state_vector=self.state,
+                                    headroom=self.clip_headroom,
+                                    measure_every=self.measure_every)  # fmt: skip
+        elif self.mode == "fixed":
+            clip = partial(torch.nn.utils.clip_grad_norm_, max_norm=FIXED["grad_clip"])
+            clamp_weights = partial(_clamp_weights, params, FIXED["weight_clamp"])
         if not isinstance(optimizer, Adam):  # trimtab's Adam registers its own reset
             register(optimizer, _drop_moments, name="optimizer[torch.optim.Adam]",
                      what="zero moments and step counts")  # fmt: skip
         self.checks.attach(net, optimizer)
+        policy = NonFinitePolicy(self.on_nonfinite, optimizer, self.state.device)  # type: ignore[arg-type]
+        if consistent is not None:
+            consistent.attach_max(*(self.state[f"{n}_scale"] for n in WATCHED))
+        parts = GuardParts(self.state, self.checks, policy, clip=clip, bounds=self.bounds,
+                           clamp_weights=clamp_weights)  # fmt: skip
+        # keep_grads: the sentinel's pointer table and a captured CUDA graph need the
+        # gradients' buffers at stable addresses
+        return Guard(net, optimizer, parts=parts, distributed=consistent, keep_grads=True)
 
-    def clip_rate(self) -> Tensor:
-        """The fraction of steps since the last call on which the adaptive clip bound (a
-        device tensor: no host read; NaN without an adaptive clip or a step)."""
-        if not isinstance(self.clip, AdaptiveGradClip):
-            return torch.full((), math.nan, device=self.state.device)
-        return self.clip.engaged_rate()[0]  # the trainer's clip has one global bound
-
-    def state_dict(self) -> dict[str, Any]:
-        clip = self.clip if isinstance(self.clip, AdaptiveGradClip) else None
+    def state_dict(self, clip: Clip | None) -> dict[str, Any]:
+        """The parts' state, with the Guard's ``clip`` (an adaptive one holds state)."""
+        clip = clip if isinstance(clip, AdaptiveGradClip) else None
         return {
             "state": self.state.state_dict(),
             "bounds": self.bounds.state_dict() if self.bounds is not None else None,
@@ -152,13 +169,13 @@ class Stability:
             "sentinel": self.sentinel.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], clip: Clip | None) -> None:
         self.state.load_state_dict(state["state"])
         if self.bounds is not None:
             self.bounds.load_state_dict(state["bounds"])
         self.checks.load_state_dict(state["checks"])
-        if isinstance(self.clip, AdaptiveGradClip):
-            self.clip.load_state_dict(state["clip"])
+        if isinstance(clip, AdaptiveGradClip):
+            clip.load_state_dict(state["clip"])
         self.sentinel.load_state_dict(state["sentinel"])
 
 
@@ -181,7 +198,7 @@ def _clamp_weights(params: list[Tensor], bound: float) -> None:
 def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> Stability:
     """The parts of ``cfg.run.stability`` with ``cfg.run.ablate`` switched off. Construct
     inside the run's :class:`trimtab.Lifecycle`: every part registers its reset there; then
-    :meth:`Stability.attach` the agent's network and optimizer."""
+    build the agent with them and :meth:`Stability.guard` over its network and optimizer."""
     mode = cfg.run.stability
     every = measure_every(cfg.run, device) if mode == "adaptive" else 1
     on = {m: mode == "adaptive" and m not in cfg.run.ablate for m in ABLATIONS}
@@ -287,8 +304,7 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
     return Stability(
         mode=mode, state=state, sentinel=sentinel, checks=checks, bounds=bounds,
         support=support, bound_targets=bound_targets, trunk_out=trunk_out,
-        make_optimizer=make_optimizer, rates=rates,
-        fold=bounds.fold if bounds is not None else (lambda: None),
+        make_optimizer=make_optimizer, rates=rates, on_nonfinite=cfg.run.on_nonfinite,
         adaptive_clip=on["grad_clip"], quantile=cfg.run.bound_quantile,
         clip_headroom=cfg.run.clip_headroom, measure_every=every,
     )  # fmt: skip
