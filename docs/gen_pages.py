@@ -481,7 +481,13 @@ def trading_page() -> tuple[str, dict[str, bytes]]:
     ]
     images: dict[str, bytes] = {}
     details = []
-    for key, rec, var in runs:
+    # today's default first; a record marked "superseded" ran an earlier default
+    current = [r for r in runs if not r[1].get("superseded")]
+    earlier = [r for r in runs if r[1].get("superseded")]
+    for i, (key, rec, var) in enumerate(current + earlier):
+        if i == len(current) and earlier:
+            out.append("### Earlier defaults\n")
+            out.append(f"These records ran {fmt(earlier[0][1]['superseded'])}.\n")
         seeds = set(rec.get("seeds") or [])
         tag = " (held out)" if seeds and seeds <= HELD_OUT else ""
         machine = fmt(rec.get("device_name") or rec.get("device") or "n/a")

@@ -21,12 +21,14 @@ one model shared by the assets (as the agent's trunk is), fit on the training wi
 decisions (less the embargo), ridge penalty and no-trade band chosen on the window's last
 quarter (fit on the first three quarters), then refit on the whole window:
 
-- ``ridge``: ridge regression on the features;
+- ``ridge``: ridge regression on the eight features of ``WIDE``;
 - ``ridge_pairs``: on the features and their pairwise products and squares (``ret_1 x
   autocorr_20`` is the product the market's regime-dependent autocorrelation rewards);
 - ``mlp``: a small MLP (2 x 32, weight decay, 300 full-batch Adam epochs);
 - ``ridge_ac``: ridge on the features plus the two signed-move products ``ac_move_1``,
   ``mkt_ac_move_1`` alone;
+- ``mlp_vol``: the same MLP on the run's observation (``env.features``; by default ``ret_1`` and
+  ``mkt_vol_10``);
 - ``volbin``: ridge on ``ret_1`` and a constant within each of ``VOL_BINS`` bins of the
   market's volatility level ``mkt_vol_10`` (bin edges: quantiles of the training window): a
   sign of the bet on yesterday's move per volatility level, the model class of the market's
@@ -66,6 +68,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "probe_signal.json"
 LAMBDAS = (0.1, 1.0, 10.0, 100.0, 1000.0)
 BAND_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9)
 VOL_BINS = 6
+#: the eight per-asset features the ridge, pairs and MLP models read (the earlier default)
+WIDE = FEATURE_NAMES[:8]
 
 
 def design(x: np.ndarray, kind: str) -> np.ndarray:
@@ -150,13 +154,15 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
     # every feature (the default 8 and the two products), for the probes that use them
     every = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, features=FEATURE_NAMES))
     full = load_market(every).features.astype(np.float64)
-    default_idx = [FEATURE_NAMES.index(n) for n in cfg.env.features]
+    # the wide models read the eight features of the earlier default observation
+    default_idx = [FEATURE_NAMES.index(n) for n in WIDE]
     ac_idx = [*default_idx, FEATURE_NAMES.index("ac_move_1"), FEATURE_NAMES.index("mkt_ac_move_1")]
     models = {
         "ridge": (default_idx, "linear"),
         "ridge_ac": (ac_idx, "linear"),
         "ridge_pairs": (default_idx, "pairs"),
         "mlp": (default_idx, "mlp"),
+        "mlp_vol": ([FEATURE_NAMES.index(n) for n in cfg.env.features], "mlp"),
         "volbin": ([FEATURE_NAMES.index("ret_1"), FEATURE_NAMES.index("mkt_vol_10")], "volbin"),
         # a diagnostic ceiling, not a trader: the day's true regime (one-hot, and x ret_1)
         "regime_known": ([FEATURE_NAMES.index("ret_1")], "regime"),

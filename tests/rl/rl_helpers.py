@@ -30,10 +30,13 @@ def tiny(out: Path, steps_per_fold: int = 12, **run: object) -> TrainConfig:
 
 
 def wired_learner(cfg, obs_dim: int = 5, branches: int = 2):
-    """The learner of ``cfg`` (branches of 3 actions), built as the trainer builds it."""
+    """The learner of ``cfg`` (branches of 3 actions), built as the trainer builds it, on a
+    generic observation: the whole-observation network (``agent.assetwise = False``), since
+    ``obs_dim`` need not be the market's blocks of features and positions."""
     from trimtab.lifecycle import Lifecycle
     from trimtab.rl.agent.learner import build_learner
 
+    cfg = generic(cfg)
     with Lifecycle():
         return build_learner(cfg, obs_dim, [3] * branches, torch.device("cpu"))
 
@@ -48,3 +51,11 @@ def random_batch(obs_dim: int = 5, branches: int = 2, n: int = 16) -> dict[str, 
     return {"obs": torch.randn(n, obs_dim), "action": torch.randint(0, 3, (n, branches)),
             "reward": torch.randn(n), "next_obs": torch.randn(n, obs_dim),
             "discount": torch.full((n,), 0.9)}  # fmt: skip
+
+
+def generic(cfg):
+    """``cfg`` with the whole-observation network (``agent.assetwise = False``): for learners
+    built on a made-up observation rather than the market's blocks of features and positions."""
+    from dataclasses import replace
+
+    return replace(cfg, agent=replace(cfg.agent, assetwise=False))

@@ -285,19 +285,19 @@ class EnvConfig:
     # metrics, episode returns and evaluation always use the unscaled rewards (a stress knob:
     # market rewards x100 as in a P&L unit)
     reward_scale: float = 1.0
-    # market only: what each asset's action branch learns from: "portfolio", the whole
-    # portfolio's net log return shared by every branch, or "per_asset", its own asset's part
-    # of the step's return (what its position earned and paid; the parts sum to the portfolio's
-    # simple return). Metrics and evaluation use the portfolio's return either way.
+    # market only: what each asset's action branch learns from: "per_asset", its own asset's
+    # part of the step's return (what its position earned and paid; the parts sum to the
+    # portfolio's simple return), or "portfolio", the whole portfolio's net log return shared by
+    # every branch. Metrics and evaluation use the portfolio's return either way.
     # docs: guides/walk-forward.md#what-the-agent-was-given
-    reward: Literal["portfolio", "per_asset"] = "portfolio"
+    reward: Literal["per_asset", "portfolio"] = "per_asset"
     # environments stepped together (market or Gymnasium); "auto" = the device profile's
     # (DEVICE_PROFILES: 16 on the CPU, 64 on CUDA where the envs live on the device)
     n_envs: int | Literal["auto"] = "auto"
     episode_days: int = 64  # trading days per training episode (market only)
     # market only: the per-asset features the agent observes, by name, from
-    # trimtab.rl.data.features.FEATURE_NAMES, by default the first 8
-    # (docs: guides/walk-forward.md#folds)
+    # trimtab.rl.data.features.FEATURE_NAMES, by default ret_1 and mkt_vol_10
+    # (docs: guides/walk-forward.md#what-the-agent-was-given)
     features: tuple[str, ...] = DEFAULT_FEATURES
     # Gymnasium envs only: "gymnasium" steps Gymnasium's own envs on the host; "torch" steps the
     # same dynamics as one batched torch env on the run's device (no host sync per step; the
@@ -438,6 +438,9 @@ class TrainConfig:
         if self.agent.batch_size == "auto":
             agent = dataclasses.replace(self.agent, batch_size=profile["agent.batch_size"])
             object.__setattr__(self, "agent", agent)
+        if self.agent.assetwise == "auto":  # the market's observation is one block per asset
+            walked = env_kind(self.env.name, self.env.impl).walk_forward
+            object.__setattr__(self, "agent", dataclasses.replace(self.agent, assetwise=walked))
         refused = inapplicable_keys(self)
         if refused:
             walked = env_kind(self.env.name, self.env.impl).walk_forward
@@ -482,7 +485,7 @@ def inapplicable_keys(cfg: TrainConfig) -> list[str]:
     market. (A key set to its default value is indistinguishable from one not set.)"""
     if not env_kind(cfg.env.name, cfg.env.impl).walk_forward:
         # the assetwise network reads the market's observation layout (an asset's block)
-        assetwise = ["agent.assetwise"] if cfg.agent.assetwise else []
+        assetwise = ["agent.assetwise"] if cfg.agent.assetwise is True else []
         return (
             assetwise
             + _changed(cfg.data, DataConfig(), "data")

@@ -8,6 +8,7 @@ import io
 
 import pytest
 import torch
+from rl_helpers import generic
 
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.dqn import AgentConfig, DQNAgent
@@ -328,13 +329,13 @@ def test_without_iqn_loss_the_agent_builds_no_iqn_head_and_every_weight_steps():
     c51_only = dataclasses.replace(SMALL, iqn_weight=0.0)
     cfg = TrainConfig(run=RunConfig(stability="adaptive"), agent=c51_only)
     with Lifecycle():
-        learner = build_learner(cfg, 3, [2, 2], torch.device("cpu"))
+        learner = build_learner(generic(cfg), 3, [2, 2], torch.device("cpu"))
     agent = learner.agent
     assert not hasattr(agent.online, "tau_embed") and not hasattr(agent.target, "iqn_head")
     for s in range(3):
         learner.learn(_batch(seed=s))
     assert agent.optimizer._equal_steps == [True, True]  # every parameter stepped every step
     with_head = DQNAgent(3, [2, 2], SMALL).state_dict()
-    with_head["config"] = dataclasses.asdict(c51_only)
+    with_head["config"] = dataclasses.asdict(agent.config)
     with pytest.raises(ValueError, match=r"IQN head.*iqn_weight = 0"):
         agent.load_state_dict(with_head)

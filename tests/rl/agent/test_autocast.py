@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import random_batch
+from rl_helpers import generic, random_batch
 from rl_helpers import tiny as rl_tiny
 
 from trimtab.lifecycle import Lifecycle
@@ -31,7 +31,7 @@ def tiny(out: Path, **run: object) -> TrainConfig:
 
 def _learner(cfg: TrainConfig):
     with Lifecycle():
-        return build_learner(cfg, 5, [3, 3], torch.device("cpu"))
+        return build_learner(generic(cfg), 5, [3, 3], torch.device("cpu"))
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from rl_helpers import tiny
+from rl_helpers import generic, tiny
 
 from trimtab.estimate import AdaptiveEMA
 from trimtab.lifecycle import Lifecycle, detached
@@ -41,7 +41,9 @@ def test_one_fold_a_step_is_each_buffers_fold_after_its_check(tmp_path):
     fold right after each phase (the estimator's slots are independent), over many steps with
     shifts of scale."""
     with Lifecycle():
-        checks = build_learner(tiny(tmp_path), 5, [3], torch.device("cpu")).stability.checks
+        checks = build_learner(
+            generic(tiny(tmp_path)), 5, [3], torch.device("cpu")
+        ).stability.checks
     with detached():
         reference = AdaptiveEMA(len(WATCHED))
     scales = torch.full((len(WATCHED),), math.nan)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import random_batch, tiny, wired_learner
+from rl_helpers import generic, random_batch, tiny, wired_learner
 
 from trimtab.clip import AdaptiveGradClip
 from trimtab.lifecycle import Lifecycle
@@ -26,7 +26,7 @@ def _learner(mode: str = "adaptive", policy: str = "halt", **agent) -> tuple[Lea
     if agent:
         cfg = replace(cfg, agent=replace(cfg.agent, **agent))
     with Lifecycle() as life:
-        learner = build_learner(cfg, 5, [3, 3], torch.device("cpu"))
+        learner = build_learner(generic(cfg), 5, [3, 3], torch.device("cpu"))
     return learner, life
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import tiny
+from rl_helpers import generic, tiny
 
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.learner import build_learner
@@ -43,7 +43,7 @@ def _batch(seed: int, n: int = 16) -> dict[str, torch.Tensor]:
 def _learner(graph: str, **run):
     cfg = tiny(Path("unused"), cuda_graph=graph, device="cuda", **run)
     with Lifecycle() as life:
-        learner = build_learner(cfg, 5, [3, 3], torch.device("cuda"))
+        learner = build_learner(generic(cfg), 5, [3, 3], torch.device("cuda"))
     return learner, life
 
 

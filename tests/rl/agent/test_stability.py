@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import random_batch, tiny
+from rl_helpers import generic, random_batch, tiny
 
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.learner import build_learner
@@ -78,7 +78,7 @@ def test_diagnostics_never_change_training(tmp_path, mode):
 
 def _learner(cfg):
     with Lifecycle():
-        return build_learner(cfg, 5, [3, 3], torch.device("cpu"))
+        return build_learner(generic(cfg), 5, [3, 3], torch.device("cpu"))
 
 
 def test_atom_positions_have_one_writer():

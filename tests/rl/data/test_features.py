@@ -93,7 +93,7 @@ def test_signed_moves_and_the_features_a_run_observes(data) -> None:
     move = f[t, a, 0] / f[t, a, 3]  # today's return in units of its 20-day volatility
     assert f[t, a, 8] == pytest.approx(f[t, a, 6] * move)
     assert f[t, a, 9] == pytest.approx(f[t, :, 6].mean() * move)
-    assert FEATURE_NAMES[:8] == DEFAULT_FEATURES
+    assert DEFAULT_FEATURES == ("ret_1", "mkt_vol_10")
     picked = select_features(f, ("vol_20", "ret_1"))
     assert np.array_equal(picked, f[..., [3, 0]], equal_nan=True)
     cfg = from_dict(TrainConfig, {"env": {"features": ["ret_1", "mkt_ac_move_1"]}})

@@ -32,7 +32,7 @@ def test_an_impossible_size_is_refused_before_the_run_dir(tmp_path, capsys, sett
 def test_the_estimate_follows_the_sizes():
     base = TrainConfig()
     parts = memory.estimate_bytes(base, obs_dim=40, branch_sizes=[3] * 4, envs_on_device=True)
-    row = 2 * 40 * 4 + 4 * 8 + 4 + 4
+    row = 2 * 40 * 4 + 4 * 8 + 4 * 4 + 4  # obs, next obs, actions, a reward per branch, discount
     assert parts["replay"] == (base.agent.replay_capacity + 1) * row
     bigger = from_dict(TrainConfig, {"agent": {"hidden": 256, "batch_size": 128}})
     more = memory.estimate_bytes(bigger, obs_dim=40, branch_sizes=[3] * 4, envs_on_device=True)
@@ -42,7 +42,8 @@ def test_the_estimate_follows_the_sizes():
     # the parameter count is the agent's own, to within a quarter
     from trimtab.rl.agent.dqn import DQNAgent
 
-    for kw in ({}, {"hidden": 256, "depth": 3}, {"iqn_weight": 0.0}, {"trunk": "gated"}):
+    for kw in ({}, {"hidden": 256, "depth": 3}, {"iqn_weight": 0.0}, {"trunk": "gated"},
+               {"assetwise": False}, {"assetwise": False, "hidden": 256}):  # fmt: skip
         cfg = from_dict(TrainConfig, {"agent": kw})
         agent = DQNAgent(40, [3] * 4, cfg.agent)
         real = sum(p.numel() for p in agent.online.parameters())
@@ -54,7 +55,7 @@ def test_the_estimate_follows_the_sizes():
 def test_a_default_config_is_refused_where_memory_is_short(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 20)
     assert main(["train", "--out", str(tmp_path / "run")]) == 2
-    assert "has 1 MiB free: lower agent.replay_capacity" in capsys.readouterr().err
+    assert "has 1 MiB free: lower agent.batch_size" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -67,6 +68,6 @@ def test_out_of_memory_during_a_run_is_one_line(tmp_path, capsys, monkeypatch):
     assert main(["train", "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "out of memory on cpu during the run" in err, err
-    assert "lower agent.replay_capacity, " in err and str(out) in err
+    assert "lower agent.batch_size (or agent.n_tau), " in err and str(out) in err
     assert memory.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
     assert not memory.is_out_of_memory(RuntimeError("shape mismatch"))

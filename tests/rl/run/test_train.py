@@ -200,9 +200,10 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys)
 
 
 def test_assetwise_agent_on_per_asset_rewards_trains_resumes_and_is_refused_off_market(tmp_path):
-    """agent.assetwise with env.reward = per_asset end to end: finite metrics, the replay holds
-    one reward per branch, a resume from its checkpoint gives the uninterrupted run's metrics;
-    both keys are refused where they would do nothing (a Gymnasium run)."""
+    """agent.assetwise with env.reward = per_asset (the market's defaults) end to end: finite
+    metrics, a resume from its checkpoint gives the uninterrupted run's metrics; either key set
+    by hand is refused where it would do nothing (a Gymnasium run), and "auto" resolves to the
+    whole-observation network there."""
     from trimtab.rl.configio import ConfigError
 
     over = {"agent": {**TINY["agent"], "assetwise": True},
@@ -219,7 +220,9 @@ def test_assetwise_agent_on_per_asset_rewards_trains_resumes_and_is_refused_off_
         assert f_a["sharpe"] == f_b["sharpe"] and f_a["total_return"] == f_b["total_return"]
     a = (tmp_path / "full" / "metrics.csv").read_text()
     assert a == (tmp_path / "cut" / "metrics.csv").read_text()
-    for key in ({"agent": {"assetwise": True}}, {"env": {"reward": "per_asset"}}):
+    for key in ({"agent": {"assetwise": True}}, {"env": {"reward": "portfolio"}}):
         with pytest.raises(ConfigError, match="does nothing in a Gymnasium run"):
             env = {**key.get("env", {}), "name": "gym:CartPole-v1"}
             from_dict(TrainConfig, {**key, "env": env})
+    assert TrainConfig().agent.assetwise is True
+    assert from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1"}}).agent.assetwise is False

@@ -59,8 +59,9 @@ class AgentConfig:
     dueling: bool = True  # value + advantage streams; False = one plain MLP head per branch
     # True: one network shared by the branches, each seeing only its own asset's features and
     # position (AssetwiseQNetwork; the market's observation layout); False: every branch reads
-    # the whole observation through one trunk (BranchingQNetwork)
-    assetwise: bool = False
+    # the whole observation through one trunk (BranchingQNetwork); "auto" = True for the market,
+    # False for other envs (resolved by TrainConfig; False for an agent built on its own)
+    assetwise: bool | Literal["auto"] = "auto"
     # True: the online net picks the next action, the target net evaluates it (Double DQN);
     # False: the target net does both (Bellemare et al.'s C51, CleanRL's c51.py)
     double_dqn: bool = True
@@ -95,7 +96,8 @@ class AgentConfig:
         if self.trunk not in ("layernorm", "mlp", "gated"):
             bad.append(f"trunk={self.trunk!r} is not 'layernorm', 'mlp' or 'gated'")
         for name in ("dueling", "double_dqn", "prioritized", "assetwise"):
-            if not isinstance(getattr(self, name), bool):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "assetwise" and value == "auto"):
                 bad.append(f"{name}={getattr(self, name)!r} must be true or false")
         if bad:
             raise ConfigError("invalid AgentConfig: " + "; ".join(bad))
@@ -220,7 +222,7 @@ class DQNAgent:
 
     def _make_network(self, trunk_out: nn.Module | None) -> BranchingQNetwork:
         cfg = self.config
-        network = AssetwiseQNetwork if cfg.assetwise else BranchingQNetwork
+        network = AssetwiseQNetwork if cfg.assetwise is True else BranchingQNetwork
         return network(
             self.obs_dim, self.branch_sizes, hidden=cfg.hidden, depth=cfg.depth,
             n_atoms=cfg.n_atoms, iqn_embed=cfg.iqn_embed, head_hidden=cfg.head_hidden,

@@ -14,10 +14,11 @@ from trimtab.rl.data.load import MarketData
 
 FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z", "autocorr_20",
                  "mkt_autocorr_20", "ac_move_1", "mkt_ac_move_1", "mkt_vol_10")  # fmt: skip
-#: what the agent observes unless ``env.features`` says otherwise: the two products
-#: ``ac_move_1``/``mkt_ac_move_1`` and the volatility level ``mkt_vol_10`` were measured as inputs
-#: (docs: guides/walk-forward.md#what-the-agent-was-given) and left out
-DEFAULT_FEATURES = FEATURE_NAMES[:8]
+#: what the agent observes unless ``env.features`` says otherwise: today's move and the market's
+#: volatility level, the two inputs of the market's regime-dependent bet; every other feature
+#: added noise that a fold's data could not average out (docs:
+#: guides/walk-forward.md#what-the-agent-was-given)
+DEFAULT_FEATURES = ("ret_1", "mkt_vol_10")
 RETURN_HORIZONS = (1, 5, 20)
 VOL_WINDOW = 20
 VOLUME_WINDOW = 20

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -45,15 +46,20 @@ class OutOfMemory(ConfigError):
 
 
 def _parameters(obs_dim: int, branch_sizes: Sequence[int], a: Any) -> int:
+    if a.assetwise is True:  # one branch's network on one asset's block, shared by the branches
+        d = len(branch_sizes)
+        return _parameters(obs_dim // d, branch_sizes[:1], replace(a, assetwise=False))
     h = int(a.hidden)
     hh = int(a.head_hidden or h)
     if a.trunk == "gated":  # one Linear, then depth gated residual blocks of 4 H x H each
         trunk = obs_dim * h + 4 * int(a.depth) * h * h
     else:
         trunk = obs_dim * h + (int(a.depth) - 1) * h * h + 2 * h * int(a.depth)
-    head = sum(h * hh + hh * (n + 1) * int(a.n_atoms) for n in branch_sizes)  # dueling streams
+    value = (h * hh + hh * int(a.n_atoms)) if a.dueling else 0  # one value stream
+    head = value + sum(h * hh + hh * n * int(a.n_atoms) for n in branch_sizes)  # advantages
     # the IQN head: τ's cosine embedding into the trunk's width, a quantile stream per branch
-    iqn = int(a.iqn_embed) * h + h + sum(h * hh + hh * n for n in branch_sizes)
+    iqn = int(a.iqn_embed) * h + h + (h * hh + hh if a.dueling else 0)
+    iqn += sum(h * hh + hh * n for n in branch_sizes)
     iqn = iqn if a.iqn_weight > 0 else 0
     return trunk + head + iqn
 
@@ -66,15 +72,17 @@ def estimate_bytes(
     ``activations`` and ``envs`` (on the device when ``envs_on_device``, else on the host)."""
     a = cfg.agent
     d = len(branch_sizes)
-    row = 2 * obs_dim * 4 + d * 8 + 4 + 4 + (4 if a.prioritized else 0)
+    # a reward per branch (the market's per-asset parts) or one: the larger, as an upper bound
+    row = 2 * obs_dim * 4 + d * 8 + 4 * d + 4 + (4 if a.prioritized else 0)
     replay = (int(a.replay_capacity) + 1) * row
     networks = PARAMETER_COPIES * 4 * _parameters(obs_dim, branch_sizes, a)
     b, h = int(a.batch_size), int(a.hidden)
+    trunks = d if a.assetwise is True else 1  # the assetwise trunk runs once per branch
     widest = max(branch_sizes)
     per_sample = (
-        3 * (int(a.depth) + 2) * h  # trunk activations (online, target, next), kept for backward
+        3 * (int(a.depth) + 2) * h * trunks  # trunk activations (online, target, next)
         + 4 * d * widest * int(a.n_atoms)  # logits and probabilities, online and target
-        + (int(a.n_tau) + int(a.n_tau_target)) * (h + int(a.iqn_embed) + 2 * d * widest)
+        + (int(a.n_tau) + int(a.n_tau_target)) * (h * trunks + int(a.iqn_embed) + 2 * d * widest)
     )
     activations = 4 * b * per_sample * 2  # forward and backward
     n_envs = int(cfg.env.n_envs)
