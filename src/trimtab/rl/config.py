@@ -286,7 +286,7 @@ class EnvConfig:
     # market rewards x100 as in a P&L unit)
     reward_scale: float = 1.0
     # market only: what each asset's action branch learns from: "per_asset", its own asset's
-    # part of the step's return (what its position earned and paid; the parts sum to the
+    # part of the step's net log return (what its position earned and paid; the parts sum to the
     # portfolio's simple return), or "portfolio", the whole portfolio's net log return shared by
     # every branch. Metrics and evaluation use the portfolio's return either way.
     # docs: guides/walk-forward.md#what-the-agent-was-given

@@ -94,29 +94,31 @@ def test_bad_execution_and_costs_are_refused():
 
 @pytest.mark.parametrize("overnight_old", [True, False])
 def test_reward_parts_by_hand_and_their_sum(overnight_old):
-    """Each asset's part of a step: its own old weight on the overnight part, its new weight on
-    the rest, its own turnover's cost, its share of the cash rate and its own borrow; the parts
-    sum to the portfolio's simple return (the exponent of step_log_return's log terms, to first
-    order), and an env with reward_parts returns them beside its unchanged reward."""
-    from trimtab.rl.backtest.execution import step_reward_parts
+    """Each asset's part of a step: the log of its own old weight's overnight growth and of its
+    new weight's, its own turnover's cost, its share of the cash rate and its own borrow; the
+    parts sum to the portfolio's net log return to first order, a bad tick's part is finite
+    (floored as the portfolio's), and an env with reward_parts returns them beside its
+    unchanged reward."""
+    from trimtab.rl.backtest.execution import RUIN_EQUITY, step_reward_parts
 
     costs = Costs(commission_bps=2.0, half_spread_bps=3.0, borrow_pct=0.5, cash_pct=2.0)
     new, old = torch.tensor([[1.0, -1.0, 0.0]]), torch.tensor([[0.0, 1.0, -1.0]])
-    pre = torch.tensor([[0.01, -0.02, 0.005]])
-    post = torch.tensor([[0.003, 0.004, -0.01]])
+    pre = torch.tensor([[0.01, -0.02, 0.005]], dtype=torch.float64)
+    post = torch.tensor([[0.003, 0.004, -0.01]], dtype=torch.float64)
     parts = step_reward_parts(new, old, pre, post, costs, overnight_old)
-    w, w_old = new / 3, old / 3
-    held = w_old if overnight_old else w
-    want = w_old * pre + w * post - costs.per_turnover * (w - w_old).abs()
-    want = want + costs.cash_per_bar * (1 / 3 - held) - costs.borrow_per_bar * (-held).clamp_min(0)
-    torch.testing.assert_close(parts, want)
     # asset 1, long to short: the long earns the night, the short the day, 2/3 of turnover
     v = (1 / 3) if overnight_old else (-1 / 3)  # the weight held over the night
-    by_hand = (1 / 3) * -0.02 + (-1 / 3) * 0.004 - costs.per_turnover * (2 / 3)
-    by_hand += costs.cash_per_bar * (1 / 3 - v) - costs.borrow_per_bar * max(-v, 0.0)
-    assert float(parts[0, 1]) == pytest.approx(by_hand, abs=1e-9)
+    by_hand = math.log1p((1 / 3) * -0.02) + math.log1p((-1 / 3) * 0.004)
+    by_hand += math.log1p(costs.cash_per_bar * (1 / 3 - v) - costs.borrow_per_bar * max(-v, 0))
+    by_hand -= costs.per_turnover * (2 / 3)
+    assert float(parts[0, 1]) == pytest.approx(by_hand, abs=1e-8)  # float32 weights
     total = step_log_return(new, old, pre, post, costs, overnight_old)
-    assert float(parts.sum()) == pytest.approx(math.expm1(float(total)), abs=2e-5)
+    assert float(parts.sum()) == pytest.approx(float(total), abs=2e-5)
+    tick = step_reward_parts(new, old, pre, torch.tensor([[1e28, 0.0, 0.0]]), costs, False)
+    assert torch.isfinite(tick).all() and float(tick[0, 0]) < 70  # log(1 + 1e28 / 3)
+    short = step_reward_parts(-new, old, pre, torch.tensor([[1e28, 0.0, 0.0]]), costs, False)
+    assert math.isfinite(float(short[0, 0]))
+    assert float(short[0, 0]) <= math.log(RUIN_EQUITY) + 0.01  # floored: the short is ruined
 
     fills = fill_returns(LOGR, OPEN, CLOSE, "next_open")
     env = BatchedTradingEnv(np.zeros((3, 1, 1)), fills, 1, 2, costs=costs, reward_parts=True)
@@ -126,4 +128,4 @@ def test_reward_parts_by_hand_and_their_sum(overnight_old):
     a, b = env.step(torch.tensor([[2]])), plain.step(torch.tensor([[2]]))
     assert torch.equal(a.reward, b.reward) and b.parts is None
     assert a.parts.shape == (1, 1)
-    assert float(a.parts[0, 0]) == pytest.approx(math.expm1(float(a.reward[0])), rel=1e-3)
+    torch.testing.assert_close(a.parts[0, 0], a.reward[0])  # one asset: its part is the whole

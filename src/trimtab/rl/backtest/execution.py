@@ -203,24 +203,28 @@ def step_reward_parts(
     costs: Costs,
     overnight_old: bool,
 ) -> Tensor:
-    """Each asset's share of one step's return ``[..., A]``: what asset ``a``'s own position
-    earned and paid over the bar, in simple-return units,
+    """Each asset's share of one step's net log return ``[..., A]``: what asset ``a``'s own
+    position earned and paid over the bar, term by term as :func:`step_log_return` writes the
+    portfolio's,
 
-        w'_a R^pre_a + w_a R^post_a + f_cash (1/A - v_a) - f_borrow max(-v_a, 0) - c |w_a - w'_a|,
+        log(1 + w'_a R^pre_a) + log(1 + w_a R^post_a)
+            + log(1 + f_cash (1/A - v_a) - f_borrow max(-v_a, 0)) - c |w_a - w'_a|,
 
-    whose sum over the assets is the portfolio's simple return (the argument of
-    :func:`step_log_return`'s logarithms, to first order). A per-asset action branch learns
+    each growth factor floored at ``RUIN_EQUITY`` as there, so a part is finite and of the
+    portfolio reward's magnitude for every finite input (a bad tick included). Their sum is the
+    portfolio's net log return to first order in the weights. A per-asset action branch learns
     from its own asset's part instead of the whole portfolio's return, in which the other
-    assets' moves are noise to it (reward decomposition: van Seijen et al. 2017, *Hybrid
-    Reward Architecture*; the branches of Tavakoli et al. 2018 share one reward)."""
+    assets' moves are noise to it (reward decomposition: van Seijen et al. 2017, *Hybrid Reward
+    Architecture*; the branches of Tavakoli et al. 2018 share one reward)."""
     n_assets = new_pos.shape[-1]
     w, w_old = new_pos / n_assets, old_pos / n_assets
-    parts = w_old * pre + w * post - costs.per_turnover * (w - w_old).abs()
+    floor = RUIN_EQUITY - 1.0
+    parts = torch.log1p((w_old * pre).clamp_min(floor)) + torch.log1p((w * post).clamp_min(floor))
     if costs.cash_per_bar or costs.borrow_per_bar:
         held = w_old if overnight_old else w
-        parts = parts + costs.cash_per_bar * (1.0 / n_assets - held)
-        parts = parts - costs.borrow_per_bar * (-held).clamp_min(0.0)
-    return parts
+        carry = costs.cash_per_bar * (1.0 / n_assets - held)
+        parts = parts + torch.log1p(carry - costs.borrow_per_bar * (-held).clamp_min(0.0))
+    return parts - costs.per_turnover * (w - w_old).abs()
 
 
 def ruined(new_pos: Tensor, old_pos: Tensor, pre: Tensor, post: Tensor) -> Tensor:
