@@ -487,11 +487,13 @@ def trading_page() -> tuple[str, dict[str, bytes]]:
     for i, (key, rec, var) in enumerate(current + earlier):
         if i == len(current) and earlier:
             out.append("### Earlier defaults\n")
-            out.append(f"These records ran {fmt(earlier[0][1]['superseded'])}.\n")
         seeds = set(rec.get("seeds") or [])
         tag = " (held out)" if seeds and seeds <= HELD_OUT else ""
         machine = fmt(rec.get("device_name") or rec.get("device") or "n/a")
-        out.append(f"**{seeds_label(rec, var)}{tag}, {machine}** (record `{key}`). " + verdict(var))
+        ran = f"; it ran {rec['superseded']}" if rec.get("superseded") else ""
+        out.append(
+            f"**{seeds_label(rec, var)}{tag}, {machine}** (record `{key}`{ran}). " + verdict(var)
+        )
         out.append("")
         rows = var["rows"]
         days = rows[0].get("days") if rows else None

@@ -287,7 +287,7 @@ class EnvConfig:
     reward_scale: float = 1.0
     # market only: what each asset's action branch learns from: "per_asset", its own asset's
     # part of the step's net log return (what its position earned and paid; the parts sum to the
-    # portfolio's simple return), or "portfolio", the whole portfolio's net log return shared by
+    # portfolio's, to first order), or "portfolio", the whole portfolio's net log return shared by
     # every branch. Metrics and evaluation use the portfolio's return either way.
     # docs: guides/walk-forward.md#what-the-agent-was-given
     reward: Literal["per_asset", "portfolio"] = "per_asset"
