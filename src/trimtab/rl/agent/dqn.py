@@ -97,8 +97,10 @@ class AgentConfig:
             bad.append(f"trunk={self.trunk!r} is not 'layernorm', 'mlp' or 'gated'")
         for name in ("dueling", "double_dqn", "prioritized", "assetwise"):
             value = getattr(self, name)
-            if not isinstance(value, bool) and not (name == "assetwise" and value == "auto"):
-                bad.append(f"{name}={getattr(self, name)!r} must be true or false")
+            auto = name == "assetwise"  # the one flag with an "auto"
+            if not isinstance(value, bool) and not (auto and value == "auto"):
+                allowed = 'true, false or "auto"' if auto else "true or false"
+                bad.append(f"{name}={value!r} must be {allowed}")
         if bad:
             raise ConfigError("invalid AgentConfig: " + "; ".join(bad))
 
