@@ -60,7 +60,7 @@ def mode_config(cfg: TrainConfig, mode: str, device: torch.device, cuda_graph: s
 def build(cfg: TrainConfig, device: torch.device) -> tuple[Any, ...]:
     market = load_market(cfg)
     fold = make_folds(market.n_days, cfg)[0]
-    feats, _ = fold_arrays(market, fold)
+    feats, _ = fold_arrays(market, fold, cfg.env.feature_bins)
     env = BatchedTradingEnv(
         feats[fold.train_start : fold.fit_end],
         market.fills.slice(fold.train_start, fold.fit_end),

@@ -14,10 +14,15 @@ from typing import Any, Literal
 import torch
 
 from trimtab._headroom import check_headroom
-from trimtab.rl.agent.dqn import AgentConfig
+from trimtab.rl.agent.dqn import GAMMA_AUTO, AgentConfig
 from trimtab.rl.backtest.execution import EXECUTIONS, Execution
 from trimtab.rl.configio import ConfigError, check_fields
-from trimtab.rl.data.features import DEFAULT_FEATURES, FEATURE_NAMES
+from trimtab.rl.data.features import (
+    DEFAULT_FEATURES,
+    FEATURE_BINS,
+    FEATURE_NAMES,
+    MAX_FEATURE_BINS,
+)
 from trimtab.rl.envs.registry import env_kind
 
 __all__ = [
@@ -299,6 +304,11 @@ class EnvConfig:
     # trimtab.rl.data.features.FEATURE_NAMES, by default ret_1 and mkt_vol_10
     # (docs: guides/walk-forward.md#what-the-agent-was-given)
     features: tuple[str, ...] = DEFAULT_FEATURES
+    # market only: each feature is also given as this many piecewise-linear components over its
+    # bins (edges: quantiles of the training window), so that the network can gate one input by
+    # another's level; 0 gives the standardised features alone
+    # (docs: guides/walk-forward.md#what-the-agent-was-given)
+    feature_bins: int = FEATURE_BINS
     # Gymnasium envs only: "gymnasium" steps Gymnasium's own envs on the host; "torch" steps the
     # same dynamics as one batched torch env on the run's device (no host sync per step; the
     # envs in TORCH_ENVS: gym:CartPole-v1, trimtab.rl.envs.cartpole)
@@ -329,6 +339,10 @@ class EnvConfig:
                 f"features={list(self.features)} must be distinct names from "
                 f"{list(FEATURE_NAMES)}, at least one"
                 + (f" (unknown: {unknown})" if unknown else "")
+            )
+        if type(self.feature_bins) is not int or not 0 <= self.feature_bins <= MAX_FEATURE_BINS:
+            bad.append(
+                f"feature_bins={self.feature_bins!r} must be an integer in 0..{MAX_FEATURE_BINS}"
             )
         if not (self.reward_scale > 0 and math.isfinite(self.reward_scale)):
             bad.append(f"reward_scale={self.reward_scale} must be a finite number > 0")
@@ -438,9 +452,12 @@ class TrainConfig:
         if self.agent.batch_size == "auto":
             agent = dataclasses.replace(self.agent, batch_size=profile["agent.batch_size"])
             object.__setattr__(self, "agent", agent)
+        walked = env_kind(self.env.name, self.env.impl).walk_forward
         if self.agent.assetwise == "auto":  # the market's observation is one block per asset
-            walked = env_kind(self.env.name, self.env.impl).walk_forward
             object.__setattr__(self, "agent", dataclasses.replace(self.agent, assetwise=walked))
+        if self.agent.gamma == "auto":  # a market position is worth one bar (GAMMA_AUTO)
+            gamma = GAMMA_AUTO[walked]
+            object.__setattr__(self, "agent", dataclasses.replace(self.agent, gamma=gamma))
         refused = inapplicable_keys(self)
         if refused:
             walked = env_kind(self.env.name, self.env.impl).walk_forward

@@ -6,7 +6,7 @@ No host syncs per step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -18,9 +18,15 @@ from trimtab.rl.agent.networks import AssetwiseQNetwork, BranchingQNetwork
 from trimtab.rl.agent.replay import ReplayBuffer
 from trimtab.rl.configio import ConfigError, check_fields
 
-__all__ = ["AgentConfig", "DQNAgent", "Prediction", "Targets"]
+__all__ = ["GAMMA_AUTO", "AgentConfig", "DQNAgent", "Prediction", "Targets"]
 
 SupportFn = Callable[[], tuple[Tensor, Tensor]]
+
+
+#: ``agent.gamma = "auto"``, by whether the run walks forward over market folds: a market
+#: position's value is one bar's return less the cost of moving to it (the oracle's greedy
+#: rule), a Gymnasium episode's is its return to the end
+GAMMA_AUTO = {True: 0.0, False: 0.99}
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,13 @@ class AgentConfig:
     quantiles (the paper uses 64) keep the auxiliary loss from dominating the step time on a
     2-core CPU."""
 
-    gamma: float = 0.95  # discount per env step
-    n_step: int = 3  # steps summed before bootstrapping
-    lr: float = 3e-4  # passed to optimizer_factory as lr=
+    # discount per env step; "auto" = 0 for the market (a position's value is the next bar's
+    # return less the cost of moving to it: the horizon of a trade), 0.99 for other envs
+    # (resolved by TrainConfig; 0.99 for an agent built on its own). docs:
+    # guides/walk-forward.md#what-the-agent-was-given
+    gamma: float | Literal["auto"] = "auto"
+    n_step: int = 1  # steps summed before bootstrapping (1: the step's reward and a bootstrap)
+    lr: float = 1e-3  # passed to optimizer_factory as lr=
     adam_eps: float = 1e-8  # passed to optimizer_factory as eps= (CleanRL's C51: 0.01/batch)
     # transitions per learn step; "auto" = the run's device profile (trimtab.rl.config
     # DEVICE_PROFILES: 64 on the CPU, 256 on CUDA), resolved by TrainConfig
@@ -75,8 +85,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         check_fields(self, "agent")  # types, finite numbers
         bad = []
-        if not 0.0 <= self.gamma <= 1.0:
-            bad.append(f"gamma={self.gamma} not in [0, 1]")
+        if self.gamma != "auto" and not 0.0 <= self.gamma <= 1.0:
+            bad.append(f'gamma={self.gamma!r} must be a number in [0, 1] or "auto"')
         for name in ("n_step", "batch_size", "target_update_period", "n_tau", "n_tau_target"):
             if getattr(self, name) != "auto" and getattr(self, name) < 1:
                 bad.append(f"{name}={getattr(self, name)} < 1")
@@ -195,7 +205,10 @@ class DQNAgent:
             raise ValueError(
                 f"autocast={autocast} must be None (float32), torch.bfloat16 or torch.float16"
             )
-        self.config = cfg = config if config is not None else AgentConfig()
+        cfg = config if config is not None else AgentConfig()
+        if cfg.gamma == "auto":  # TrainConfig resolves it per env; on its own: not the market
+            cfg = replace(cfg, gamma=GAMMA_AUTO[False])
+        self.config = cfg
         self.autocast = autocast
         self.obs_dim, self.branch_sizes = obs_dim, [int(n) for n in branch_sizes]
         self.device = torch.device(device)

@@ -6,6 +6,7 @@ Every feature at day t is a function of bars 0..t; nothing reads day t+1 or late
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -19,6 +20,11 @@ FEATURE_NAMES = ("ret_1", "ret_5", "ret_20", "vol_20", "hl_range", "volume_z", "
 #: added noise that a fold's data could not average out (docs:
 #: guides/walk-forward.md#what-the-agent-was-given)
 DEFAULT_FEATURES = ("ret_1", "mkt_vol_10")
+#: piecewise-linear bins of each feature unless ``env.feature_bins`` says otherwise
+#: (:class:`FeatureNormalizer`)
+FEATURE_BINS = 0
+#: more bins than this cut a training window's few hundred days into bins of a few days each
+MAX_FEATURE_BINS = 64
 RETURN_HORIZONS = (1, 5, 20)
 VOL_WINDOW = 20
 VOLUME_WINDOW = 20
@@ -104,9 +110,27 @@ def _lag1_autocorr(r: np.ndarray, w: int) -> np.ndarray:
     return np.where(den > STD_FLOOR, (a * b).sum(-1) / np.maximum(den, STD_FLOOR), 0.0)
 
 
+def encoded_width(n_features: int, bins: int) -> int:
+    """Values per asset that :meth:`FeatureNormalizer.transform` returns for ``n_features``
+    features and ``bins`` piecewise-linear bins: each feature's standardised value and its
+    ``bins`` components."""
+    return n_features * (1 + bins)
+
+
 @dataclass
 class FeatureNormalizer:
-    """Per (asset, feature) standardisation ``(x - mean) / std`` with statistics of one window.
+    """Per (asset, feature) standardisation ``(x - mean) / std`` with statistics of one window,
+    and, with ``bins = K > 0``, a piecewise-linear encoding of each standardised value ``z``.
+
+    The encoding (Gorishniy, Rubachev & Babenko 2022, *On Embeddings for Numerical Features in
+    Tabular Deep Learning*) cuts ``z``'s range at the ``K + 1`` quantiles ``b_0 .. b_K`` of the
+    fit window and gives component ``k`` as ``clip((z - b_{k-1}) / (b_k - b_{k-1}), 0, 1)``
+    (a step at ``b_k`` where the bin has no width): the bin ``z`` falls in is a set of inputs,
+    so a network gates another input by it in one ReLU layer. A bet whose sign flips between
+    levels of a feature (the market's reversal in calm and volatile regimes, momentum in the
+    trending one) is then a sum of gated linear terms, not a product that a small network has to
+    build out of noisy rewards. The edges are quantiles, not constants: they follow the data's
+    scale. Each feature becomes ``[z, c_1 .. c_K]`` (:func:`encoded_width`).
 
     Fit it on the training window only (``fit(features[train])``) and apply it to that window
     and the following test window: the test window's statistics must not leak into training.
@@ -114,6 +138,12 @@ class FeatureNormalizer:
 
     mean: np.ndarray | None = None  # [A, F]
     std: np.ndarray | None = None  # [A, F]
+    bins: int = 0
+    edges: np.ndarray | None = None  # [A, F, bins + 1] quantiles of z over the fit window
+
+    def __post_init__(self) -> None:
+        if type(self.bins) is not int or self.bins < 0:
+            raise ValueError(f"bins={self.bins!r} must be an integer >= 0 (0: no encoding)")
 
     def fit(self, features: np.ndarray) -> FeatureNormalizer:
         """Fit on ``features[T, A, F]``, which must be finite (slice off ``WARMUP`` rows)."""
@@ -129,23 +159,46 @@ class FeatureNormalizer:
         self.mean = x.mean(axis=0)
         sd = x.std(axis=0, ddof=1)
         self.std = np.where(sd > STD_FLOOR, sd, 1.0)
+        if self.bins:
+            z = (x - self.mean) / self.std
+            q = np.quantile(z, np.linspace(0.0, 1.0, self.bins + 1), axis=0)  # [K+1, A, F]
+            self.edges = np.moveaxis(q, 0, -1)
         return self
 
     def transform(self, features: np.ndarray) -> np.ndarray:
-        """Standardise ``features[..., A, F]`` with the fitted statistics (float64)."""
+        """``features[..., A, F]`` -> ``[..., A, encoded_width(F, bins)]`` (float64): the
+        standardised values, each followed by its ``bins`` components."""
         if self.mean is None or self.std is None:
             raise RuntimeError("FeatureNormalizer.transform before fit")
-        return (np.asarray(features, dtype=np.float64) - self.mean) / self.std
+        z = (np.asarray(features, dtype=np.float64) - self.mean) / self.std
+        if not self.bins:
+            return z
+        if self.edges is None:
+            raise RuntimeError(f"FeatureNormalizer(bins={self.bins}) has no edges: fit it first")
+        lo, hi = self.edges[..., :-1], self.edges[..., 1:]
+        width = hi - lo
+        zz = z[..., None]
+        ramp = np.clip((zz - lo) / np.where(width > STD_FLOOR, width, 1.0), 0.0, 1.0)
+        comp = np.where(width > STD_FLOOR, ramp, np.where(np.isnan(zz), np.nan, zz >= hi))
+        out = np.concatenate([zz, comp], axis=-1)  # [..., A, F, 1 + K]
+        return out.reshape(*z.shape[:-1], encoded_width(z.shape[-1], self.bins))
 
     def fit_transform(self, features: np.ndarray) -> np.ndarray:
         return self.fit(features).transform(features)
 
-    def state_dict(self) -> dict[str, list]:
+    def state_dict(self) -> dict[str, Any]:
         """Plain lists, for saving with a checkpoint."""
         if self.mean is None or self.std is None:
             raise RuntimeError("FeatureNormalizer.state_dict before fit")
-        return {"mean": self.mean.tolist(), "std": self.std.tolist()}
+        state: dict[str, Any] = {"mean": self.mean.tolist(), "std": self.std.tolist()}
+        if self.bins:
+            assert self.edges is not None
+            state.update(bins=self.bins, edges=self.edges.tolist())
+        return state
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, list]) -> FeatureNormalizer:
-        return cls(mean=np.asarray(state["mean"]), std=np.asarray(state["std"]))
+    def from_state_dict(cls, state: dict[str, Any]) -> FeatureNormalizer:
+        """The normaliser :meth:`state_dict` saved (one saved without ``bins`` has none)."""
+        bins = int(state.get("bins", 0))
+        edges = np.asarray(state["edges"]) if bins else None
+        return cls(np.asarray(state["mean"]), np.asarray(state["std"]), bins, edges)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from trimtab.rl.config import GYM_TOTAL_STEPS, TrainConfig
 from trimtab.rl.configio import ConfigError
+from trimtab.rl.data.features import encoded_width
 from trimtab.rl.envs.protocol import EnvStep, FoldPlan
 
 __all__ = ["EnvStep", "FoldPlan", "GymAdapter", "MarketAdapter", "TorchCartPoleAdapter"]
@@ -41,7 +42,8 @@ class MarketAdapter:
         self.folds = make_folds(self.market.n_days, cfg)
         self.n_folds, self.n_envs = len(self.folds), cfg.env.n_envs
         n_assets, n_features = self.market.features.shape[1:]
-        self.obs_dim = n_assets * n_features + n_assets  # features and the position held
+        width = encoded_width(n_features, cfg.env.feature_bins)  # each feature and its bins
+        self.obs_dim = n_assets * width + n_assets  # features and the position held
         self.branch_sizes = [len(cfg.env.levels)] * n_assets
         self.env: Any = None
         self.feats: np.ndarray | None = None
@@ -61,7 +63,7 @@ class MarketAdapter:
         from trimtab.rl.run.walkforward import fold_arrays
 
         fold, env_cfg = self.folds[k], self.cfg.env
-        self.feats, self.norm = fold_arrays(self.market, fold)
+        self.feats, self.norm = fold_arrays(self.market, fold, self.cfg.env.feature_bins)
         a, b = fold.train_start, fold.fit_end  # the embargo's days are not trained on
         self.env = BatchedTradingEnv(
             self.feats[a:b], self.market.fills.slice(a, b), n_envs=env_cfg.n_envs,

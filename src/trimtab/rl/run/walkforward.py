@@ -119,9 +119,12 @@ def make_folds(n_days: int, cfg: TrainConfig) -> list[Fold]:
     return [Fold(i, first + i * w, first + (i + 1) * w, first + (i + 2) * w, gap) for i in range(k)]
 
 
-def fold_arrays(market: MarketSet, fold: Fold) -> tuple[np.ndarray, FeatureNormalizer]:
-    """Features of every day up to the fold's test end, normalised by training-window stats."""
-    norm = FeatureNormalizer().fit(market.features[fold.train_start : fold.fit_end])
+def fold_arrays(
+    market: MarketSet, fold: Fold, bins: int = 0
+) -> tuple[np.ndarray, FeatureNormalizer]:
+    """Features of every day up to the fold's test end, normalised by training-window stats
+    (with ``bins`` piecewise-linear components each: ``env.feature_bins``)."""
+    norm = FeatureNormalizer(bins=bins).fit(market.features[fold.train_start : fold.fit_end])
     return norm.transform(market.features[: fold.test_end]).astype(np.float32), norm
 
 
