@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCREENS = Path(os.environ.get("TRIMTAB_SCREENS", "/tmp/screens"))
 
 
-def _gen_pages():
-    spec = importlib.util.spec_from_file_location("gen_pages", ROOT / "docs" / "gen_pages.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _gen(module: str):
+    """A module of the docs' page generator (``docs/gen/``), imported as the site build does."""
+    if str(ROOT / "docs") not in sys.path:
+        sys.path.insert(0, str(ROOT / "docs"))
+    return importlib.import_module(f"gen.{module}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,19 +295,18 @@ def browser():
 
 
 def test_results_loader_reads_bare_nan_and_null(tmp_path):
-    gp = _gen_pages()
+    fmt = _gen("markdown").fmt
     path = tmp_path / "r.json"
     path.write_text('{"date": "2026-01-01", "rows": [{"a": NaN, "b": null, "c": Infinity}]}')
-    data = gp.load_json(path)
+    data = _gen("records").load_json(path)
     row = data["rows"][0]
     assert math.isnan(row["a"]) and row["b"] is None and row["c"] == math.inf
-    assert gp.fmt(row["a"]) == gp.fmt(row["b"]) == "n/a"
-    assert "n/a" in gp.file_section(path)
+    assert fmt(row["a"]) == fmt(row["b"]) == "n/a"
+    assert "n/a" in _gen("sections").file_section(path)
 
 
 def test_every_results_file_is_on_a_page_with_its_command_and_provenance():
-    gp = _gen_pages()
-    pages = gp.result_pages()
+    pages = _gen("results").result_pages()
     text = "\n".join(v for v in pages.values() if isinstance(v, str))
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         assert f"`{path.name}`" in text, path.name
@@ -317,18 +316,15 @@ def test_every_results_file_is_on_a_page_with_its_command_and_provenance():
 
 
 def test_trading_page_states_the_verdict_from_the_json():
-    gp = _gen_pages()
-    data = gp.load_json(ROOT / "benchmarks" / "results" / "agent_vs_baselines.json")
-    runs = gp.default_runs(data)
-    text = gp.result_pages()["results/trading.md"]
+    signed = _gen("markdown").signed
+    data = _gen("records").load_json(ROOT / "benchmarks" / "results" / "agent_vs_baselines.json")
+    runs = _gen("trading").default_runs(data)
+    text = _gen("results").result_pages()["results/trading.md"]
     verdict = text.split("## Verdict")[1].split("\n## ")[0]
     for key, rec, var in runs:
         agg = var["aggregate"]
         para = next(p for p in verdict.split("\n\n") if f"`{key}`" in p)
-        assert (
-            gp.signed(agg["agent"]["mean"]) in para
-            and gp.signed(agg["buy_and_hold"]["mean"]) in para
-        )
+        assert signed(agg["agent"]["mean"]) in para and signed(agg["buy_and_hold"]["mean"]) in para
         beats = agg["targets"]["above"]["buy_and_hold"]
         assert ("does not beat buy & hold" in para) == (not beats), para
         assert f"{100 * agg['targets']['oracle_fraction']:.0f}%" in para
@@ -337,10 +333,10 @@ def test_trading_page_states_the_verdict_from_the_json():
 
 
 def test_reproduce_commands_come_from_the_scripts():
-    gp = _gen_pages()
-    cmd = gp.reproduce_command(gp.script_for("agent_vs_baselines"))
+    scripts = _gen("scripts")
+    cmd = scripts.reproduce_command(scripts.script_for("agent_vs_baselines"))
     assert cmd.startswith("python benchmarks/") and "agent_vs_baselines.py --seeds" in cmd
-    assert gp.script_for("stress_fp16") == gp.script_for("stress")
+    assert scripts.script_for("stress_fp16") == scripts.script_for("stress")
 
 
 # ----------------------------------------------------------------------------------------------
