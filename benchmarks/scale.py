@@ -313,8 +313,8 @@ def run_on_ray(trials: list[Trial], args: argparse.Namespace) -> list[dict]:
 def check_run_dirs(trials: list[Trial]) -> None:
     """A run directory already there must hold this trial's config (it is read back or
     resumed): another config is another experiment, refused before anything runs."""
-    from trimtab.rl.config import TrainConfig
-    from trimtab.rl.configio import ConfigError, from_dict, load_toml
+    from trimtab.rl.config import saved_config
+    from trimtab.rl.configio import ConfigError, load_toml
     from trimtab.rl.sweep.spec import same_config
 
     for t in trials:
@@ -322,7 +322,7 @@ def check_run_dirs(trials: list[Trial]) -> None:
         if not path.is_file():
             continue
         try:
-            diff = same_config(from_dict(TrainConfig, load_toml(path)), t.cfg)
+            diff = same_config(saved_config(load_toml(path)), t.cfg)
         except ConfigError as e:
             diff = [str(e)]
         diff = [d for d in diff if not d.startswith("run.out:")]

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
 
 from trimtab._headroom import check_headroom
-from trimtab.rl.agent.dqn import GAMMA_AUTO, AgentConfig
+from trimtab.rl.agent.dqn import GAMMA_AUTO, SAVED_BEFORE, AgentConfig
 from trimtab.rl.backtest.execution import EXECUTIONS, Execution
-from trimtab.rl.configio import ConfigError, check_fields
+from trimtab.rl.configio import ConfigError, check_fields, from_dict
 from trimtab.rl.data.features import (
     DEFAULT_FEATURES,
     FEATURE_BINS,
@@ -41,6 +42,7 @@ __all__ = [
     "device_profile",
     "embargo_days",
     "measure_every",
+    "saved_config",
     "uses_cuda_graph",
 ]
 
@@ -469,6 +471,14 @@ class TrainConfig:
                 "config file, --set or the flags (--folds, --steps-per-fold, --data, --stress), "
                 f"or set env.name to the env {'it is' if one else 'they are'} for"
             )
+
+
+def saved_config(data: Mapping[str, Any]) -> TrainConfig:
+    """The config of a saved run (its ``config.toml``, or the one in a checkpoint): as
+    ``from_dict(TrainConfig, data)``, except that an [agent] key which the run's trimtab did not
+    have yet takes the value that run was built with (:data:`~trimtab.rl.agent.dqn.SAVED_BEFORE`),
+    not today's default: a run saved before ``agent.assetwise`` existed loads as ``false``."""
+    return from_dict(TrainConfig, {**data, "agent": {**SAVED_BEFORE, **data.get("agent", {})}})
 
 
 #: what to set instead, for a key of the other kind of env

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import tiny
+from rl_helpers import generic, tiny
 
 from trimtab.cli import main
 from trimtab.rl.run import checkpoint as ckpt
@@ -104,6 +104,68 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_resumable_ones(tmp_path, c
     assert "corrupted" in err and "resumable instead: fold_0.pt" in err and err.count("\n") == 1
     assert _cli("--resume", str(out / "checkpoints" / "fold_0.pt")) == 0
     assert len(json.loads((out / "summary.json").read_text())["folds"]) == 2
+
+
+def _saved_before_assetwise(out: Path) -> None:
+    """Make ``out``, a run of the whole-observation network, what an earlier trimtab saved:
+    ``agent.assetwise`` in neither its config.toml nor its checkpoints."""
+    toml = out / "config.toml"
+    assert "\nassetwise = false\n" in toml.read_text()
+    toml.write_text(toml.read_text().replace("\nassetwise = false\n", "\n"))
+    for path in (out / "checkpoints").glob("*.pt"):
+        blob = torch.load(path, weights_only=True)
+        state = blob["state"]
+        del state["config"]["agent"]["assetwise"], state["agent"]["config"]["assetwise"]
+        ckpt.save(path, state, fingerprint=blob["fingerprint"])
+
+
+def test_a_run_saved_before_assetwise_resumes_and_evaluates_as_it_was_built(tmp_path):
+    """A run directory saved before ``agent.assetwise`` existed lacks the key: it was built
+    with the whole-observation network, so it resumes and evaluates as that network, not as
+    today's "auto" (the assetwise network on the market)."""
+    from dataclasses import replace
+
+    from trimtab.rl.config import TrainConfig, saved_config
+    from trimtab.rl.configio import from_dict
+
+    assert from_dict(TrainConfig, {}).agent.assetwise is True  # a new run's config
+    assert saved_config({}).agent.assetwise is False  # a saved one without the key
+    assert saved_config({"agent": {"assetwise": True}}).agent.assetwise is True
+
+    def two_folds(out: Path):
+        c = generic(tiny(out, 8, checkpoint_every=4))
+        return replace(c, walkforward=replace(c.walkforward, folds=2))
+
+    full = train(two_folds(tmp_path / "full"))
+    out = tmp_path / "old"
+    with pytest.raises(TrainingInterrupted):
+        train(two_folds(out), stop_after=12)  # fold 0 done (fold_0.pt), mid fold 1
+    fold_0 = out / "checkpoints" / "fold_0.pt"
+    assert main(["eval", str(fold_0), "--json", str(tmp_path / "before.json")]) == 0
+    _saved_before_assetwise(out)
+    assert main(["eval", str(fold_0), "--json", str(tmp_path / "after.json")]) == 0
+    assert (tmp_path / "after.json").read_text() == (tmp_path / "before.json").read_text()
+    assert _cli("--resume", str(out)) == 0
+    resumed = json.loads((out / "summary.json").read_text())
+    for f_a, f_b in zip(full["folds"], resumed["folds"], strict=True):  # the same network
+        assert f_a["sharpe"] == f_b["sharpe"] and f_a["total_return"] == f_b["total_return"]
+    assert main(["eval", str(out), "--json", str(tmp_path / "last.json")]) == 0
+    assert json.loads((tmp_path / "last.json").read_text())["days"] > 0
+
+
+def test_a_config_edited_to_another_network_is_refused_naming_both_and_the_key(tmp_path, capsys):
+    out = tmp_path / "run"
+    _interrupted(out)  # the market's default: the assetwise network
+    toml = out / "config.toml"
+    toml.write_text(toml.read_text().replace("\nassetwise = true\n", "\nassetwise = false\n"))
+    assert _cli("--resume", str(out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert (
+        f"checkpoint {out / 'checkpoints' / 'last.pt'} was saved with AssetwiseQNetwork "
+        "(agent.assetwise = true), but the run's config builds BranchingQNetwork "
+        f"(agent.assetwise = false): set agent.assetwise = true in {toml}"
+    ) in err
 
 
 def test_non_finite_weights_in_a_checkpoint_are_refused(tmp_path):

@@ -18,9 +18,22 @@ from trimtab.rl.agent.networks import AssetwiseQNetwork, BranchingQNetwork
 from trimtab.rl.agent.replay import ReplayBuffer
 from trimtab.rl.configio import ConfigError, check_fields
 
-__all__ = ["GAMMA_AUTO", "AgentConfig", "DQNAgent", "Prediction", "Targets"]
+__all__ = [
+    "GAMMA_AUTO",
+    "SAVED_BEFORE",
+    "AgentConfig",
+    "DQNAgent",
+    "NetworkLayoutError",
+    "Prediction",
+    "Targets",
+]
 
 SupportFn = Callable[[], tuple[Tensor, Tensor]]
+
+#: What a key missing from a saved agent's config means: the agent was saved by a trimtab that
+#: did not have the key yet, and was built as this value builds it (today's default builds
+#: another network: ``assetwise = "auto"`` is the assetwise one on the market).
+SAVED_BEFORE: dict[str, Any] = {"assetwise": False}
 
 
 #: ``agent.gamma = "auto"``, by whether the run walks forward over market folds: a market
@@ -116,11 +129,36 @@ class AgentConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AgentConfig:
+        """The config of a saved agent (``DQNAgent.state_dict()["config"]``); a key that its
+        trimtab did not have yet takes the value it was built with (:data:`SAVED_BEFORE`)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown AgentConfig fields {unknown}; known: {sorted(known)}")
-        return cls(**values)
+        return cls(**{**SAVED_BEFORE, **values})
+
+
+class NetworkLayoutError(ValueError):
+    """A saved agent whose network is of another layout than this agent's config builds:
+    ``saved`` and ``built`` name the two networks, ``fix`` the setting that loads it."""
+
+    def __init__(self, saved: type[nn.Module], built: type[nn.Module]) -> None:
+        def key(network: type[nn.Module]) -> str:
+            return f"agent.assetwise = {str(network is AssetwiseQNetwork).lower()}"
+
+        self.saved = f"{saved.__name__} ({key(saved)})"
+        self.built = f"{built.__name__} ({key(built)})"
+        self.fix = key(saved)
+        super().__init__(
+            f"the saved agent's network is {self.saved}, but this config builds {self.built}; "
+            f"set {self.fix} to load it"
+        )
+
+
+def _network_class(cfg: AgentConfig) -> type[BranchingQNetwork]:
+    """The network ``cfg`` builds: :class:`AssetwiseQNetwork` for ``assetwise = True``, else
+    :class:`BranchingQNetwork` (an unresolved ``"auto"`` included: an agent built on its own)."""
+    return AssetwiseQNetwork if cfg.assetwise is True else BranchingQNetwork
 
 
 class Prediction(NamedTuple):
@@ -237,8 +275,7 @@ class DQNAgent:
 
     def _make_network(self, trunk_out: nn.Module | None) -> BranchingQNetwork:
         cfg = self.config
-        network = AssetwiseQNetwork if cfg.assetwise is True else BranchingQNetwork
-        return network(
+        return _network_class(cfg)(
             self.obs_dim, self.branch_sizes, hidden=cfg.hidden, depth=cfg.depth,
             n_atoms=cfg.n_atoms, iqn_embed=cfg.iqn_embed, head_hidden=cfg.head_hidden,
             trunk=cfg.trunk, dueling=cfg.dueling, trunk_out=trunk_out,  # type: ignore[arg-type]
@@ -424,6 +461,9 @@ class DQNAgent:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = AgentConfig.from_dict(state["config"])
+        theirs, ours = _network_class(saved), _network_class(self.config)
+        if theirs is not ours:
+            raise NetworkLayoutError(theirs, ours)
         if (saved, state["branch_sizes"], state["obs_dim"]) != (
             self.config,
             self.branch_sizes,

@@ -207,12 +207,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         from dataclasses import replace
 
-        from trimtab.rl.config import TrainConfig
+        from trimtab.rl.config import saved_config
 
         run_dir, checkpoint = args.resume, None
         if args.resume.is_file():  # a checkpoint of the run: RUN_DIR/checkpoints/NAME.pt
             run_dir, checkpoint = args.resume.parent.parent, args.resume
-        cfg = from_dict(TrainConfig, load_toml(run_dir / "config.toml"))
+        cfg = saved_config(load_toml(run_dir / "config.toml"))
         run = replace(cfg.run, out=str(run_dir), progress=cfg.run.progress and not args.no_progress)
         cfg = replace(cfg, run=run)
         resume = True

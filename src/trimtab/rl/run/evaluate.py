@@ -13,8 +13,7 @@ import torch
 from trimtab.rl.agent.dqn import AgentConfig, DQNAgent
 from trimtab.rl.backtest import baselines, stats
 from trimtab.rl.backtest.execution import OPTIMISTIC, fill_returns
-from trimtab.rl.config import AUTOCAST_DTYPES, TrainConfig
-from trimtab.rl.configio import from_dict
+from trimtab.rl.config import AUTOCAST_DTYPES, saved_config
 from trimtab.rl.data.features import WARMUP, FeatureNormalizer, compute_features, select_features
 from trimtab.rl.data.load import DataError, load_ohlcv
 from trimtab.rl.envs.trading import evaluate
@@ -75,7 +74,7 @@ def evaluate_checkpoint(
             f"{path} was written mid-fold and holds no feature normaliser; evaluate a fold-end "
             "checkpoint (checkpoints/fold_K.pt) or last.pt of a finished run"
         )
-    cfg = from_dict(TrainConfig, state["config"])
+    cfg = saved_config(state["config"])
     from trimtab.rl.run.walkforward import costs_of, load_market
 
     if data_paths:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trimtab.rl.agent.dqn import NetworkLayoutError
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import to_dict, to_toml
 from trimtab.rl.run import checkpoint as ckpt
@@ -250,7 +251,13 @@ def load_checkpoint(
             else "; no fold checkpoint of this run is resumable either: start a new run"
         )
         raise ckpt.CheckpointError(f"{e}{hint}") from None
-    learner.load_state_dict({k: blob[k] for k in blob["learner_keys"]})
+    try:
+        learner.load_state_dict({k: blob[k] for k in blob["learner_keys"]})
+    except NetworkLayoutError as e:  # an edited config: no checkpoint of the run would load
+        raise ckpt.CheckpointError(
+            f"checkpoint {path} was saved with {e.saved}, but the run's config builds {e.built}: "
+            f"set {e.fix} in {run_dir / 'config.toml'} to resume it, or start a new run"
+        ) from None
     torch.set_rng_state(blob["torch_rng"])
     prog = Progress(**blob["progress"])
     prog.saved_step = prog.global_step

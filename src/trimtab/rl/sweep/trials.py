@@ -150,11 +150,11 @@ def claim(out: Path, trials: Sequence[Trial]) -> tuple[list[TrialResult], list[T
 
 
 def _config_diff(t: Trial) -> list[str]:
-    from trimtab.rl.config import TrainConfig
-    from trimtab.rl.configio import ConfigError, from_dict, load_toml
+    from trimtab.rl.config import saved_config
+    from trimtab.rl.configio import ConfigError, load_toml
 
     try:
-        diff = same_config(from_dict(TrainConfig, load_toml(t.run_dir / "config.toml")), t.cfg)
+        diff = same_config(saved_config(load_toml(t.run_dir / "config.toml")), t.cfg)
     except ConfigError as e:
         return [str(e)]
     return [d for d in diff if not d.startswith("run.out:")]  # a sweep directory may move

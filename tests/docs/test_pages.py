@@ -1,0 +1,53 @@
+"""The generated pages: every results file on a page with its command and provenance, the
+trading page's verdict read from the JSON, and the loader's reading of bare NaN and null."""
+
+from __future__ import annotations
+
+import math
+
+from docs_helpers import ROOT, gen
+
+
+def test_results_loader_reads_bare_nan_and_null(tmp_path):
+    fmt = gen("markdown").fmt
+    path = tmp_path / "r.json"
+    path.write_text('{"date": "2026-01-01", "rows": [{"a": NaN, "b": null, "c": Infinity}]}')
+    data = gen("records").load_json(path)
+    row = data["rows"][0]
+    assert math.isnan(row["a"]) and row["b"] is None and row["c"] == math.inf
+    assert fmt(row["a"]) == fmt(row["b"]) == "n/a"
+    assert "n/a" in gen("sections").file_section(path)
+
+
+def test_every_results_file_is_on_a_page_with_its_command_and_provenance():
+    pages = gen("results").result_pages()
+    text = "\n".join(v for v in pages.values() if isinstance(v, str))
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        assert f"`{path.name}`" in text, path.name
+    assert "results/other.md" not in pages, "a results file is on no page: place it in PAGES"
+    assert "```bash\npython benchmarks/" in pages["results/stability.md"]
+    assert "(no script recorded" not in text
+
+
+def test_trading_page_states_the_verdict_from_the_json():
+    signed = gen("markdown").signed
+    data = gen("records").load_json(ROOT / "benchmarks" / "results" / "agent_vs_baselines.json")
+    runs = gen("trading").default_runs(data)
+    text = gen("results").result_pages()["results/trading.md"]
+    verdict = text.split("## Verdict")[1].split("\n## ")[0]
+    for key, rec, var in runs:
+        agg = var["aggregate"]
+        para = next(p for p in verdict.split("\n\n") if f"`{key}`" in p)
+        assert signed(agg["agent"]["mean"]) in para and signed(agg["buy_and_hold"]["mean"]) in para
+        beats = agg["targets"]["above"]["buy_and_hold"]
+        assert ("does not beat buy & hold" in para) == (not beats), para
+        assert f"{100 * agg['targets']['oracle_fraction']:.0f}%" in para
+        assert str(rec["date"]) in text  # the provenance of the record it comes from
+    assert any(set(r.get("seeds", [])) == {0, 1, 2, 3, 4} for _, r, _ in runs)
+
+
+def test_reproduce_commands_come_from_the_scripts():
+    scripts = gen("scripts")
+    cmd = scripts.reproduce_command(scripts.script_for("agent_vs_baselines"))
+    assert cmd.startswith("python benchmarks/") and "agent_vs_baselines.py --seeds" in cmd
+    assert scripts.script_for("stress_fp16") == scripts.script_for("stress")
