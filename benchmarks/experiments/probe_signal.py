@@ -29,6 +29,9 @@ quarter (fit on the first three quarters), then refit on the whole window:
   ``mkt_ac_move_1`` alone;
 - ``mlp_vol``: the same MLP on the run's observation (``env.features``; by default ``ret_1`` and
   ``mkt_vol_10``);
+- ``mlp_bins``: the same MLP on the run's observation as the trainer encodes it with
+  ``env.feature_bins = VOL_BINS`` (each feature and its piecewise-linear components over
+  quantile bins of the training window, :class:`~trimtab.rl.data.features.FeatureNormalizer`);
 - ``volbin``: ridge on ``ret_1`` and a constant within each of ``VOL_BINS`` bins of the
   market's volatility level ``mkt_vol_10`` (bin edges: quantiles of the training window): a
   sign of the bet on yesterday's move per volatility level, the model class of the market's
@@ -157,12 +160,14 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
     # the wide models read the eight features of the earlier default observation
     default_idx = [FEATURE_NAMES.index(n) for n in WIDE]
     ac_idx = [*default_idx, FEATURE_NAMES.index("ac_move_1"), FEATURE_NAMES.index("mkt_ac_move_1")]
+    obs_idx = [FEATURE_NAMES.index(n) for n in cfg.env.features]
     models = {
         "ridge": (default_idx, "linear"),
         "ridge_ac": (ac_idx, "linear"),
         "ridge_pairs": (default_idx, "pairs"),
         "mlp": (default_idx, "mlp"),
-        "mlp_vol": ([FEATURE_NAMES.index(n) for n in cfg.env.features], "mlp"),
+        "mlp_vol": (obs_idx, "mlp"),
+        "mlp_bins": (obs_idx, "mlp_bins"),
         "volbin": ([FEATURE_NAMES.index("ret_1"), FEATURE_NAMES.index("mkt_vol_10")], "volbin"),
         # a diagnostic ceiling, not a trader: the day's true regime (one-hot, and x ret_1)
         "regime_known": ([FEATURE_NAMES.index("ret_1")], "regime"),
@@ -179,6 +184,10 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
         tr = np.arange(fold.train_start, fold.fit_end - 2)  # targets inside the fit window
         cut = tr[: int(0.75 * len(tr))], tr[int(0.75 * len(tr)) :]
         te = np.arange(start, end)
+        # the observation as the trainer encodes it with env.feature_bins = VOL_BINS
+        raw = full[: fold.test_end][:, :, obs_idx]
+        binned = FeatureNormalizer(bins=VOL_BINS).fit(raw[fold.train_start : fold.fit_end])
+        encoded = binned.transform(raw)
         level = feats[:, 0, FEATURE_NAMES.index("mkt_vol_10")]  # the same for every asset
         edges = np.quantile(level[tr], np.linspace(0, 1, VOL_BINS + 1)[1:-1])
         r = market.log_returns
@@ -193,7 +202,11 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
         )
         for name, (idx, kind) in models.items():
 
-            def rows(days: np.ndarray, idx=idx, kind=kind, feats=feats, edges=edges) -> np.ndarray:
+            def rows(
+                days: np.ndarray, idx=idx, kind=kind, feats=feats, edges=edges, encoded=encoded
+            ) -> np.ndarray:
+                if kind == "mlp_bins":
+                    return encoded[days].reshape(len(days) * encoded.shape[1], -1)
                 x = feats[days][:, :, idx].reshape(-1, len(idx))
                 if kind == "volbin":  # [ret_1, level] -> per bin: ret_1 and a constant
                     onehot = np.eye(VOL_BINS)[np.searchsorted(edges, x[:, 1])]
@@ -205,16 +218,16 @@ def probe(cfg: TrainConfig) -> dict[str, Any]:
 
             def fit(days: np.ndarray, reg: float, kind=kind, y=y):
                 x, t = rows(days), y[days].reshape(-1)
-                if kind == "mlp":
+                if kind.startswith("mlp"):
                     return mlp_fit(x, t, reg)
                 return ridge_fit(x, t, reg * len(x) / 1000.0)
 
             def predict(model: Any, days: np.ndarray, kind=kind) -> np.ndarray:
                 x = rows(days)
-                p = mlp_predict(model, x) if kind == "mlp" else x @ model
+                p = mlp_predict(model, x) if kind.startswith("mlp") else x @ model
                 return p.reshape(len(days), -1)
 
-            regs = (1e-4, 1e-3, 1e-2) if kind == "mlp" else LAMBDAS
+            regs = (1e-4, 1e-3, 1e-2) if kind.startswith("mlp") else LAMBDAS
             # choose the penalty and each rule's band on the window's last quarter, in-sample
             best: dict[str, tuple[float, float, float]] = {}
             for reg in regs:

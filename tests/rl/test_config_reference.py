@@ -26,7 +26,7 @@ def test_every_key_is_listed_once_with_a_meaning():
     assert [k for k, e in zip(keys, entries) if len(e["meaning"]) < 12] == []
     by = {e["key"]: e for e in entries}
     assert by["run.stability"]["allowed"] == ["adaptive", "fixed", "off"]
-    assert by["agent.lr"]["type"] == "float" and by["agent.lr"]["default"] == 3e-4
+    assert by["agent.lr"]["type"] == "float" and by["agent.lr"]["default"] == 1e-3
     assert by["agent.batch_size"]["default"] == "auto"
     assert by["agent.batch_size"]["device_default"] == DEVICE_PROFILES["cpu"]["agent.batch_size"]
 
@@ -58,7 +58,7 @@ def test_trimtab_config_prints_it(fmt, capsys):
     if fmt == "json":
         assert {e["key"] for e in json.loads(out)} == _all_keys()
     elif fmt == "markdown":
-        assert "| `agent.lr` | float | `0.0003` | `0.0003` |" in out and "## `[gym]`" in out
+        assert "| `agent.lr` | float | `0.001` | `0.001` |" in out and "## `[gym]`" in out
     else:
         assert "[walkforward]" in out and '  n_envs = 64    # int | "auto"' in out
     assert out == format_reference(reference("cuda"), fmt, "cuda")
@@ -74,3 +74,8 @@ def test_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     assert "(default: cpu)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_gamma_auto_shows_the_value_a_market_run_resolves():
+    by = {e["key"]: e for e in reference()}
+    assert by["agent.gamma"]["default"] == "auto" and by["agent.gamma"]["device_default"] == 0.0

@@ -114,3 +114,39 @@ def test_market_volatility_level_by_hand(data) -> None:
     for t in (30, 200, len(f) - 1):
         want = np.mean([np.log(np.abs(r[t - 10 : t, a]).mean()) for a in range(r.shape[1])])
         assert f[t, :, col] == pytest.approx(np.full(r.shape[1], want))
+
+
+def test_piecewise_linear_bins_by_hand_and_saved() -> None:
+    # one asset, one feature whose training values are 0..8: z has quantile edges at 0, 1/2, 1
+    x = np.arange(9.0).reshape(9, 1, 1)
+    norm = FeatureNormalizer(bins=2).fit(x)
+    mean, sd = 4.0, np.std(np.arange(9.0), ddof=1)
+    z = (np.array([-2.0, 0.0, 3.0, 4.0, 6.0, 8.0, 20.0, np.nan]) - mean) / sd
+    out = norm.transform(z.reshape(-1, 1, 1) * sd + mean)
+    assert out.shape == (8, 1, 3)  # [z, c_1, c_2]
+    lo, mid, hi = (0.0 - mean) / sd, 0.0, (8.0 - mean) / sd
+    c1 = np.clip((z - lo) / (mid - lo), 0, 1)
+    c2 = np.clip((z - mid) / (hi - mid), 0, 1)
+    np.testing.assert_allclose(out[:7, 0], np.stack([z, c1, c2], -1)[:7], atol=1e-12)
+    assert np.isnan(out[7]).all()  # a NaN stays NaN in every component
+    assert out[0, 0].tolist() == pytest.approx([z[0], 0.0, 0.0])  # below the training range
+    assert out[6, 0, 1:].tolist() == [1.0, 1.0]  # above it: every bin full (z still says how far)
+    back = FeatureNormalizer.from_state_dict(norm.state_dict())
+    np.testing.assert_array_equal(back.transform(x), norm.transform(x))
+    # a state saved without bins (an earlier run) loads as standardisation alone
+    plain = FeatureNormalizer().fit(x).state_dict()
+    assert "bins" not in plain and FeatureNormalizer.from_state_dict(plain).bins == 0
+
+
+def test_piecewise_linear_bins_of_a_constant_feature_and_bad_counts() -> None:
+    x = np.ones((10, 2, 1))
+    x[:, 0, 0] = np.arange(10)
+    out = FeatureNormalizer(bins=3).fit_transform(x)
+    assert out.shape == (10, 2, 4) and np.isfinite(out).all()
+    # the constant asset's bins have no width: each is a step at its edge (z = 0 >= 0: all 1)
+    assert np.all(out[:, 1, 1:] == 1.0) and np.all(out[:, 1, 0] == 0.0)
+    for bad in (-1, 1.5, "2"):
+        with pytest.raises(ValueError, match="bins="):
+            FeatureNormalizer(bins=bad)
+    with pytest.raises(RuntimeError, match="no edges"):
+        FeatureNormalizer(np.zeros((2, 1)), np.ones((2, 1)), bins=2).transform(x)

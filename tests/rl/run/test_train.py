@@ -226,3 +226,44 @@ def test_assetwise_agent_on_per_asset_rewards_trains_resumes_and_is_refused_off_
             from_dict(TrainConfig, {**key, "env": env})
     assert TrainConfig().agent.assetwise is True
     assert from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1"}}).agent.assetwise is False
+
+
+def test_binned_features_train_evaluate_and_are_refused_off_market(tmp_path, capsys):
+    """env.feature_bins end to end: the observation widens to each feature and its bins, a
+    checkpoint evaluates with its saved edges to the fold's own out-of-sample figure, and the
+    key is refused where it would do nothing."""
+    from trimtab.rl.configio import ConfigError
+
+    out = tmp_path / "run"
+    cfg = from_dict(TrainConfig, {**TINY, "env": {**TINY["env"], "feature_bins": 3},
+                                  "run": {**TINY["run"], "out": str(out)}})  # fmt: skip
+    summary = train(cfg)
+    from trimtab.rl.run import checkpoint as ckpt
+
+    state = ckpt.load(out / "checkpoints/fold_1.pt", fingerprint=None)
+    n_assets, n_features = 4, len(cfg.env.features)
+    assert state["agent"]["obs_dim"] == n_assets * n_features * (1 + 3) + n_assets
+    assert state["normalizer"]["bins"] == 3
+    assert main(["eval", str(out), "--json", str(tmp_path / "e.json")]) == 0
+    result = json.loads((tmp_path / "e.json").read_text())
+    assert result["sharpe"] == pytest.approx(summary["folds"][-1]["sharpe"], abs=1e-4)  # 4 places
+    for bad, says in ((-1, r"must be an integer in 0\.\.64"), (65, "in 0..64"), (2.5, "integer")):
+        with pytest.raises(ConfigError, match=rf"feature_bins.*{says}"):
+            from_dict(TrainConfig, {"env": {"feature_bins": bad}})
+    with pytest.raises(ConfigError, match=r"env\.feature_bins = 3: does nothing in a Gymnasium"):
+        from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1", "feature_bins": 3}})
+
+
+def test_gamma_auto_is_one_bar_on_the_market_and_a_long_horizon_elsewhere():
+    from trimtab.rl.agent.dqn import GAMMA_AUTO, AgentConfig, DQNAgent
+    from trimtab.rl.configio import ConfigError
+
+    assert TrainConfig().agent.gamma == GAMMA_AUTO[True] == 0.0
+    gym = from_dict(TrainConfig, {"env": {"name": "gym:CartPole-v1"}})
+    assert gym.agent.gamma == GAMMA_AUTO[False] == 0.99
+    assert from_dict(TrainConfig, {"agent": {"gamma": 0.9}}).agent.gamma == 0.9  # a number stays
+    alone = DQNAgent(6, [3, 3], AgentConfig(batch_size=8, hidden=8, n_atoms=5), "cpu")
+    assert alone.config.gamma == 0.99 and alone.make_replay().gamma == 0.99
+    for bad in (1.5, -0.1, "one"):
+        with pytest.raises(ConfigError, match="gamma"):
+            AgentConfig(gamma=bad)
