@@ -473,12 +473,23 @@ class TrainConfig:
             )
 
 
+#: [env] keys of a market run that an earlier trimtab did not have, and the value such a run
+#: was built with: before ``env.reward`` every branch learnt from the portfolio's return
+SAVED_BEFORE_MARKET_ENV: dict[str, Any] = {"reward": "portfolio"}
+
+
 def saved_config(data: Mapping[str, Any]) -> TrainConfig:
     """The config of a saved run (its ``config.toml``, or the one in a checkpoint): as
-    ``from_dict(TrainConfig, data)``, except that an [agent] key which the run's trimtab did not
-    have yet takes the value that run was built with (:data:`~trimtab.rl.agent.dqn.SAVED_BEFORE`),
-    not today's default: a run saved before ``agent.assetwise`` existed loads as ``false``."""
-    return from_dict(TrainConfig, {**data, "agent": {**SAVED_BEFORE, **data.get("agent", {})}})
+    ``from_dict(TrainConfig, data)``, except that a key which the run's trimtab did not have yet
+    takes the value that run was built with, not today's default
+    (:data:`~trimtab.rl.agent.dqn.SAVED_BEFORE`, :data:`SAVED_BEFORE_MARKET_ENV`): a run saved
+    before ``agent.assetwise`` existed loads as ``false``, a market run saved before
+    ``env.reward`` as ``"portfolio"``."""
+    env = dict(data.get("env", {}))
+    if env_kind(env.get("name", EnvConfig.name), env.get("impl", EnvConfig.impl)).walk_forward:
+        env = {**SAVED_BEFORE_MARKET_ENV, **env}
+    agent = {**SAVED_BEFORE, **data.get("agent", {})}
+    return from_dict(TrainConfig, {**data, "env": env, "agent": agent})
 
 
 #: what to set instead, for a key of the other kind of env

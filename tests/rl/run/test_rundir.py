@@ -107,22 +107,26 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_resumable_ones(tmp_path, c
 
 
 def _saved_before_assetwise(out: Path) -> None:
-    """Make ``out``, a run of the whole-observation network, what an earlier trimtab saved:
-    ``agent.assetwise`` in neither its config.toml nor its checkpoints."""
+    """Make ``out``, a run of the whole-observation network on the portfolio's reward, what an
+    earlier trimtab saved: ``agent.assetwise`` and ``env.reward`` in neither its config.toml nor
+    its checkpoints."""
     toml = out / "config.toml"
-    assert "\nassetwise = false\n" in toml.read_text()
-    toml.write_text(toml.read_text().replace("\nassetwise = false\n", "\n"))
+    for line in ("\nassetwise = false\n", '\nreward = "portfolio"\n'):
+        assert line in toml.read_text()
+        toml.write_text(toml.read_text().replace(line, "\n"))
     for path in (out / "checkpoints").glob("*.pt"):
         blob = torch.load(path, weights_only=True)
         state = blob["state"]
         del state["config"]["agent"]["assetwise"], state["agent"]["config"]["assetwise"]
+        del state["config"]["env"]["reward"]
         ckpt.save(path, state, fingerprint=blob["fingerprint"])
 
 
 def test_a_run_saved_before_assetwise_resumes_and_evaluates_as_it_was_built(tmp_path):
-    """A run directory saved before ``agent.assetwise`` existed lacks the key: it was built
-    with the whole-observation network, so it resumes and evaluates as that network, not as
-    today's "auto" (the assetwise network on the market)."""
+    """A run directory saved before ``agent.assetwise`` and ``env.reward`` existed lacks the
+    keys: it was built with the whole-observation network on the portfolio's reward, so it
+    resumes and evaluates as that, not as today's defaults (the assetwise network on each
+    asset's part of the return)."""
     from dataclasses import replace
 
     from trimtab.rl.config import TrainConfig, saved_config
@@ -131,10 +135,14 @@ def test_a_run_saved_before_assetwise_resumes_and_evaluates_as_it_was_built(tmp_
     assert from_dict(TrainConfig, {}).agent.assetwise is True  # a new run's config
     assert saved_config({}).agent.assetwise is False  # a saved one without the key
     assert saved_config({"agent": {"assetwise": True}}).agent.assetwise is True
+    assert saved_config({}).env.reward == "portfolio"  # a market run saved before env.reward
+    assert saved_config({"env": {"reward": "per_asset"}}).env.reward == "per_asset"
+    assert saved_config({"env": {"name": "gym:CartPole-v1"}}).env.reward == "per_asset"
 
     def two_folds(out: Path):
         c = generic(tiny(out, 8, checkpoint_every=4))
-        return replace(c, walkforward=replace(c.walkforward, folds=2))
+        env = replace(c.env, reward="portfolio")
+        return replace(c, env=env, walkforward=replace(c.walkforward, folds=2))
 
     full = train(two_folds(tmp_path / "full"))
     out = tmp_path / "old"
