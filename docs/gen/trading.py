@@ -198,12 +198,17 @@ def seed_table(var: dict) -> str:
     return table(header, body)
 
 
+VARIANT_HEADER = ["record", "variant", "overrides", "seeds", "agent", "buy & hold", "of oracle",
+                  "commit", "date"]  # fmt: skip
+
+
 def _variants(text: str, data: dict) -> str:
     out = [text]
     out.append("\n## Variants tried\n")
     out.append(
-        "Each row is a variant (a set of `--set` overrides of the default) over the seeds shown, "
-        "on the same market, fills and costs.\n"
+        "Each row is a variant (a set of `--set` overrides of the default of its commit: the "
+        "defaults have changed between records, and each record's note says what it ran) over "
+        "the seeds shown, on the same market, fills and costs.\n"
     )
     vbody = []
     for k, r in records(data):
@@ -222,13 +227,14 @@ def _variants(text: str, data: dict) -> str:
                     f"{signed(m)} ± {se:.2f}",
                     signed(mean_se(a, "buy_and_hold")[0]),
                     "n/a" if frac is None else f"{100 * frac:.0f}%",
+                    fmt(str(r.get("commit", "n/a"))[:7]),
                     fmt(r.get("date")),
                 ]
             )
-    out.append(
-        table(
-            ["record", "variant", "overrides", "seeds", "agent", "buy & hold", "of oracle", "date"],
-            vbody,
-        )
-    )
+    out.append(table(VARIANT_HEADER, vbody))
+    notes = [
+        f"- `{k}`: {' '.join(str(r['note']).split())}" for k, r in records(data) if r.get("note")
+    ]
+    if notes:
+        out += ["\nWhat each record ran, in its own words:\n", *notes, ""]
     return "\n".join(out)
