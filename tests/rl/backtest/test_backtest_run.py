@@ -49,7 +49,8 @@ def test_summary_has_the_pooled_backtest_and_every_baseline(run):
 
 def test_pooled_drawdown_is_over_the_whole_curve(run):
     _, _, s = run
-    assert s["oos"]["max_drawdown"] >= max(f["max_drawdown"] for f in s["folds"]) - 1e-12
+    # the pooled curve compounds across folds: equal drawdowns agree to rounding (~1e-12 relative)
+    assert s["oos"]["max_drawdown"] >= max(f["max_drawdown"] for f in s["folds"]) * (1 - 1e-9)
 
 
 def test_curves_are_dated_and_pooled_in_oos_csv(run):

@@ -117,7 +117,7 @@ def test_bad_data_file_is_one_line_and_leaves_no_run_dir(tmp_path, capsys):
     ("args", "pattern"),
     [
         (["--set", "walkforward.folds=0"], "folds=0 must be >= 1"),
-        (["--set", "agent.gamma=2.0"], "gamma=2.0 not in"),
+        (["--set", "agent.gamma=2.0"], "gamma=2.0 must be a number in"),
         (["--set", "env.commission_bps=cheap"], "env.commission_bps: expected a number"),
         (["--set", "env.reward_scale=0"], "reward_scale=0.0 must be a finite number > 0"),
         (["--set", "agent.nope=1"], "unknown config key agent.nope"),
