@@ -261,8 +261,8 @@ class AdaptiveBounds:
         after the rows change (their version counter: every write to them is :meth:`_derive`'s):
         a clamp then costs its passes over ``x``, not five more ops on its bound. None
         elsewhere (a kernel reads the row itself, and a captured CUDA graph may hold the
-        read)."""
-        if self.device.type != "cpu":
+        read), and for rows made in inference mode (no version counter)."""
+        if self.device.type != "cpu" or self._rows.is_inference():
             return None
         memo, version = self._prepared_memo, self._rows._version
         if memo is None or memo[0] != version:
