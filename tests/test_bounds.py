@@ -206,6 +206,51 @@ def test_reads_follow_every_write_of_the_slots():
     assert math.isnan(float(b.clamp_bound("a")))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_clamp_at_the_kept_bound_is_the_clamp_of_a_fresh_one(dtype):
+    """On the CPU the clamp reads its bound as derived once per change of the rows
+    (``_prepared``): a clamped copy and an in-place clamp, counted or not, give the bits and
+    counts of :func:`trimtab.clamp_finite_` at the clamp row as it stands, through a measure of
+    an unset slot, folds, a write through the state vector, a reset and a negative slot."""
+    from trimtab.clamp import clamp_finite_
+
+    sv = StateVector([*AdaptiveBounds.slots(["a", "b"])])
+    b = AdaptiveBounds(["a", "b"], state=sv, headroom=2.0, sentinel=Sentinel("cpu"))
+    g = torch.Generator().manual_seed(3)
+
+    def sample() -> torch.Tensor:
+        x = (4.0 * torch.randn(257, generator=g)).to(dtype)
+        x[::37] = torch.tensor([math.nan, math.inf, -math.inf, -0.0, 1e30, -1e30, 0.0, 5.0],
+                               dtype=dtype)[: len(x[::37])]  # fmt: skip
+        return x
+
+    def agree(name: str) -> None:
+        i = b.names.index(name)
+        bound = b._rows[2, i : i + 1].clone()
+        x = sample()
+        want = clamp_finite_(x.clone(), bound)
+        assert torch.equal(b.clamped(name, x), want) and b.clamped(name, x).dtype == dtype
+        assert torch.equal(b.clamp_(name, x.clone(), count=False), want)
+        c_want, c_got = torch.zeros(2, dtype=torch.int64), b._counts[i].clone()
+        y = b.clamp_(name, x.clone())
+        clamp_finite_(x.clone(), bound, c_want)
+        assert torch.equal(y, want) and torch.equal(b._counts[i] - c_got, c_want)
+
+    for name in ("a", "b"):
+        agree(name)  # unset: nothing clamped, only the non-finite replaced
+    for step in range(4):
+        b.measure("a", 2.0 * (step + 1) * torch.randn(500, generator=g))
+        agree("a"), agree("b")
+        b.fold()
+        agree("a"), agree("b")
+    sv.write_("b_bound", 0.25)
+    agree("b")
+    sv.write_("b_bound", -1.0)  # a negative bound clamps at 0
+    agree("b")
+    b.reset()
+    agree("a"), agree("b")
+
+
 def test_support_is_a_snapshot_and_a_dropped_bounds_object_is_not_kept_alive():
     import gc
     import weakref

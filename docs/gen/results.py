@@ -75,6 +75,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "probe_warps_h200",
             "probe_histogram_h200",
             "probe_cpu_paths",
+            "probe_cartpole_ops",
             "ddp_cpu",
             "ddp_h200_1gpu",
             "sweep_h200",

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from trimtab._cadence import Cadence
 from trimtab._headroom import check_headroom
 from trimtab._impl import resolve_impl
-from trimtab.clamp import clamp_finite_, guard_
+from trimtab.clamp import clamp_finite_, clamped_reference, guard_, reference_bound
 from trimtab.engagement import EngagementCorrection
 from trimtab.estimate import AdaptiveEMA
 from trimtab.lifecycle import detached, register
@@ -158,6 +158,9 @@ class AdaptiveBounds:
         self._rows = torch.empty(4, n, dtype=self.values.dtype, device=dev)
         fits = self.values.dtype == torch.float32 == self._obs.dtype
         self._derive_impl = resolve_impl(None, [self.values], fits=fits)  # the device is fixed
+        #: On the CPU, the clamp row as the clamp's torch reference reads it, with the rows'
+        #: version it was derived at (:meth:`_prepared`)
+        self._prepared_memo: tuple[int, Tensor] | None = None
         self._derive()
         state.on_write(self._derive)
         #: Test hook: called as ``fault_hook(bound, x)`` right before a counted clamp checks
@@ -252,6 +255,30 @@ class AdaptiveBounds:
         else:
             _derive_reference(self.values, self._obs, self._rows, self._floor, self.headroom)
 
+    def _prepared(self, i: int) -> Tensor | None:
+        """On the CPU, bound ``i``'s clamp as the clamp's torch reference reads it
+        (:func:`trimtab.clamp.reference_bound`), derived once for every bound and again only
+        after the rows change (their version counter: every write to them is :meth:`_derive`'s):
+        a clamp then costs its passes over ``x``, not five more ops on its bound. None
+        elsewhere (a kernel reads the row itself, and a captured CUDA graph may hold the
+        read), and for rows made in inference mode (no version counter)."""
+        if self.device.type != "cpu" or self._rows.is_inference():
+            return None
+        memo, version = self._prepared_memo, self._rows._version
+        if memo is None or memo[0] != version:
+            memo = self._prepared_memo = (version, reference_bound(self._rows[2]))
+        return memo[1][i]
+
+    @torch.no_grad()
+    def clamped(self, bound: str, x: Tensor) -> Tensor:
+        """A clamped copy of ``x`` at :meth:`clamp_bound`, neither counted nor checked:
+        ``clamp_(bound, x.clone(), count=False)``, bitwise, without the clone on the CPU."""
+        i = self._i(bound)
+        prepared = self._prepared(i)
+        if prepared is None:
+            return clamp_finite_(x.detach().clone(), self._rows[2, i : i + 1])
+        return clamped_reference(x.detach(), prepared)
+
     @torch.no_grad()
     def clamp_(self, bound: str, x: Tensor, *, count: bool = True) -> Tensor:
         """In place: check ``x`` into the sentinel slot ``bound`` (when this object has a
@@ -261,15 +288,16 @@ class AdaptiveBounds:
         of the same step). Returns ``x``."""
         i = self._i(bound)
         b = self._rows[2, i : i + 1]
+        prepared = self._prepared(i)
         if not count:
-            return clamp_finite_(x, b)
+            return clamp_finite_(x, b, prepared=prepared)
         counts = self._counts[i]
         if self.fault_hook is not None:
             self.fault_hook(bound, x)
         if self.sentinel is not None:
-            guard_(x, b, self.sentinel, bound, counts)
+            guard_(x, b, self.sentinel, bound, counts, prepared=prepared)
         else:
-            clamp_finite_(x, b, counts)
+            clamp_finite_(x, b, counts, prepared=prepared)
         return x
 
     @torch.no_grad()
@@ -379,7 +407,7 @@ class BoundClamp(nn.Module):
         if not (torch.is_grad_enabled() and h.requires_grad):
             # not back-propagated (acting, next-state, target passes): the bound as it stands,
             # on a copy, with no autograd node (what _BoundClampFn does here, less its cost)
-            return self.bounds.clamp_(self.bound, h.detach().clone(), count=False)
+            return self.bounds.clamped(self.bound, h)
         with torch.autocast(h.device.type, enabled=False):
             return _BoundClampFn.apply(h, self.bounds, self.bound)
 

@@ -24,6 +24,7 @@ def clamp_finite_(
     counter: torch.Tensor | None = None,
     *,
     impl: str | None = None,
+    prepared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """In place: NaN and ±Inf become +0, finite values are clamped to ``[-bound, bound]``.
 
@@ -37,6 +38,10 @@ def clamp_finite_(
     numerator of the clamp's engagement rate, which non-finite values say nothing about; if
     ``counter`` has two elements, ``counter[1] +=`` the number of non-finite elements replaced.
 
+    ``prepared``: ``bound`` as the torch reference reads it (:func:`reference_bound`), kept by a
+    caller that clamps at one bound many times (:class:`~trimtab.AdaptiveBounds`), so each call
+    skips deriving it; the kernel reads ``bound`` itself.
+
     Bytes moved: reads and writes ``x`` once (``2 * x.numel() * x.element_size()``). Returns x.
     """
     bound = _validate(x, bound, counter)
@@ -46,7 +51,7 @@ def clamp_finite_(
 
         launch_clamp(x, bound, counter)
     else:
-        _clamp_reference_(x, bound, counter)
+        _clamp_reference_(x, bound, counter, prepared)
     return x
 
 
@@ -129,6 +134,7 @@ def guard_(
     counter: torch.Tensor | None = None,
     *,
     impl: str | None = None,
+    prepared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Check ``x`` into sentinel slot ``name``, then :func:`clamp_finite_` it, in one pass.
 
@@ -138,7 +144,8 @@ def guard_(
     step counts the earlier guard_ calls on that slot since the last reset (so for a buffer
     guarded once per training step it is the training step). Each guard_ call also advances the
     sentinel's global check number, so :meth:`Sentinel.report` orders guarded and checked slots
-    together. No sync; one kernel reads x once, records, and writes x. Returns x.
+    together. No sync; one kernel reads x once, records, and writes x. ``prepared`` as in
+    :func:`clamp_finite_`. Returns x.
     """
     if not isinstance(sentinel, Sentinel):
         raise TypeError(f"guard_: sentinel must be a Sentinel, got {type(sentinel).__name__}")
@@ -161,31 +168,54 @@ def guard_(
                          squared)  # fmt: skip
         step.add_(1)
         state["counters"][-1:].add_(1)
-        _clamp_reference_(x, bound, counter)
+        _clamp_reference_(x, bound, counter, prepared)
     return x
 
 
-def _clamp_reference_(x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> None:
+def reference_bound(bound: Bound, dtype: torch.dtype = torch.float32) -> Bound:
+    """``bound`` as the clamp's torch reference reads it, in ``dtype``: an unset (NaN) bound is
+    +Inf (no clamp) and a negative tensor bound 0. Elementwise, so a row of bounds gives each
+    bound's own value."""
+    if isinstance(bound, float):
+        return math.inf if math.isnan(bound) else bound
+    return torch.where(bound < 0, 0.0, bound).to(dtype).nan_to_num_(nan=math.inf)
+
+
+def _clamp_reference_(
+    x: torch.Tensor,
+    bound: Bound,
+    counter: torch.Tensor | None,
+    prepared: torch.Tensor | None = None,
+) -> None:
     """The torch reference of the clamp: same arithmetic and dtype as the kernel, no sync.
 
     Written as whole-tensor passes without a boolean mask (masks are slow on the CPU):
     ``s`` = ``x`` with NaN/±Inf replaced by +0, then ``copysign(min(|s|, b), s)``; a finite
     value is engaged exactly where that differs from ``s``, and ``y - y`` is nonzero (NaN)
-    exactly where ``y`` is not finite."""
+    exactly where ``y`` is not finite. ``prepared``: :func:`reference_bound` of ``bound``."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = x.detach().to(acc)
     if counter is not None and counter.numel() == 2:
         counter[1:].add_(count_nonzero_(y - y))
     s = torch.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
     # NaN (unset): no clamp; a negative tensor bound: 0
-    b: Bound = math.inf if isinstance(bound, float) and math.isnan(bound) else bound
-    if isinstance(bound, torch.Tensor):
-        b = torch.where(bound.reshape(()) < 0, 0.0, bound.reshape(())).to(acc)
-        b = b.nan_to_num_(nan=math.inf)
+    if prepared is None:
+        b = reference_bound(bound.reshape(()) if isinstance(bound, torch.Tensor) else bound, acc)
+    else:
+        b = prepared.to(acc)
     out = torch.abs(s).clamp_max_(b).copysign_(s)
     if counter is not None:
         counter[:1].add_(count_nonzero_(s - out))
     x.detach().copy_(out)
+
+
+def clamped_reference(x: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+    """A clamped copy of ``x`` (not counted, not checked): what ``clamp_finite_(x.clone(),
+    bound)`` leaves in the clone, bitwise, computed into new memory instead of into a clone.
+    ``prepared``: :func:`reference_bound` of the bound. Torch only (the CPU's path)."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    s = torch.nan_to_num(x.detach().to(acc), nan=0.0, posinf=0.0, neginf=0.0)
+    return torch.abs(s).clamp_max_(prepared.to(acc)).copysign_(s).to(x.dtype)
 
 
 def _validate(x: torch.Tensor, bound: Bound, counter: torch.Tensor | None) -> Bound:
