@@ -92,9 +92,11 @@ def verdict(var: dict) -> str:
         s.append("It is not above " + ", ".join(not_beaten) + ".")
     vs = tgt.get("vs_best_positive_seeds")
     if vs is not None:
+        cis = [r.get("vs_best_ir_ci95") for r in var.get("rows", [])]
+        sure = sum(1 for ci in cis if ci and ci[0] is not None and ci[0] > 0)
         s.append(
             "Its paired daily difference against the best simple baseline is positive in "
-            f"{vs} seeds."
+            f"{vs} seeds; its 95% interval excludes zero in {sure} of {len(cis)}."
         )
     if frac is not None:
         s.append(f"Its mean is **{100 * frac:.0f}%** of the regime oracle's Sharpe (the ceiling).")
