@@ -202,8 +202,9 @@ def write_market(folder: Path, days: int = 420, seed: int = 0) -> list[Path]:
 
 def data_trials(runs: Path) -> dict[str, Any]:
     """NaN and Inf in a cell must be a one-line DataError naming line and column; a 1e30 bar
-    (consistent OHLC) loads with a dated warning and trains (a short position through it is
-    ruin, a finite reward)."""
+    (consistent OHLC) loads with a dated warning, then either trains (a short position through
+    it is ruin, a finite reward) or halts naming ``env.reward`` (a long position's reward beyond
+    the sentinel's threshold, a multiple of the measured target bound): loud either way."""
     ok, notes = 0, []
     for label in VALUES:
         folder = runs / f"data-{label}"
@@ -227,6 +228,12 @@ def data_trials(runs: Path) -> dict[str, Any]:
         except DataError as e:
             good = label != "1e30" and "line 202" in str(e) and "'Close'" in str(e)
             notes.append(f"{label}: {str(e)[:90]}...")
+        except TrainingHalted as e:  # the run directory holds the summary of what it did
+            warned = json.loads((folder / "run" / "summary.json").read_text())["data_warnings"]
+            flagged = ("extreme", "bad tick")
+            good = label == "1e30" and "'env.reward'" in str(e)
+            good = good and any(f in w for w in warned for f in flagged)
+            notes.append(f"{label}: halted: {str(e)[:90]}...; warnings {len(warned)}")
         ok += good
     return {"scenario": "NaN/Inf/1e30 in a data file", "trials": 3, "passed": ok, "notes": notes}
 

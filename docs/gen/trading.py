@@ -171,8 +171,34 @@ def trading_page() -> tuple[str, dict[str, bytes]]:
             f"![Pooled out-of-sample Sharpe, record {key}](agent_vs_baselines_{key}.png)\n"
         )
         details.append(seed_table(var))
+    markets = held_out_markets(data)
+    if markets:
+        out.append("### Held-out markets\n")
+        out.append(
+            "The default on other draws of the same market process (`data.market_seed`), on "
+            "which nothing was chosen:\n"
+        )
+        for key, rec, var in markets:
+            over = ", ".join(f"`{o}`" for o in var.get("overrides", []))
+            out.append(f"**{seeds_label(rec, var)}, {over}** (record `{key}`). " + verdict(var))
+            out.append("")
     out += details
     return _variants("\n".join(out), data), images
+
+
+def held_out_markets(data: dict) -> list[tuple[str, dict, dict]]:
+    """``(key, record, variant)`` of every full run whose only override is the market's seed:
+    the default on another market."""
+    out = []
+    for key, rec in records(data):
+        if rec.get("quick") or rec.get("superseded"):
+            continue
+        for var in rec.get("variants", {}).values():
+            over = var.get("overrides", [])
+            market = over and all(o.startswith("data.market_seed=") for o in over)
+            if market and "aggregate" in var:
+                out.append((key, rec, var))
+    return out
 
 
 def seed_table(var: dict) -> str:

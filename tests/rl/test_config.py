@@ -22,7 +22,7 @@ BAD = [
     ("agent", "lr", math.nan, "nan", r"agent\.lr: expected a finite number, got nan"),
     ("agent", "lr", -1.0, "-1", r"lr > 0"),
     ("agent", "kappa", math.nan, "nan", r"agent\.kappa: expected a finite number"),
-    ("agent", "gamma", 2.0, "2.0", r"gamma=2\.0 not in"),
+    ("agent", "gamma", 2.0, "2.0", r"gamma=2\.0 must be a number in \[0, 1\]"),
     ("agent", "gamma", math.inf, "inf", r"agent\.gamma: expected a finite number"),
     ("agent", "hidden", 0, "0", r"hidden=0 < 1"),
     ("agent", "batch_size", math.nan, "nan", r"agent\.batch_size: expected an integer"),

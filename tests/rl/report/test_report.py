@@ -226,6 +226,10 @@ def test_an_old_summary_formats_without_pooled_results():
     assert "| undefined |" in text and "1 extreme move(s) in test window" in text
     assert "Pooled" not in text and "| all | 2 folds |" in text
     assert fold_flags({**row, "ruin": "2020-03-01"}).endswith("ruin on 2020-03-01")
+    # an agent that never held a position has no hit rate in any fold: nor has the aggregate
+    flat = {**row, "hit_rate": None}
+    text = format_fold_table({"env": "market", "folds": [flat, {**flat, "fold": 1}]})
+    assert "| all | 2 folds |" in text and "undefined" in text.split("| all |")[1]
 
 
 def test_each_folds_printed_line_names_buy_and_hold_the_best_baseline_and_its_flags(

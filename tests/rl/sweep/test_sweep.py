@@ -124,7 +124,7 @@ def test_sweep_on_local_ray_merges_resumes_and_reports_failures(tmp_path, base, 
         skipped = {(t["dir"], t["seed"]): t["skipped"] for t in again["trials"]}
         assert sum(skipped.values()) == 3 and not skipped[("run.stability=off", 1)]
         # the same directory with another base config: refused, nothing run or removed
-        assert main([*argv, "--set", "agent.lr=1e-3"]) == 2
+        assert main([*argv, "--set", "agent.lr=5e-4"]) == 2
         assert "finished with another config (agent.lr" in capsys.readouterr().err
         assert kept.stat().st_mtime_ns == before
 

@@ -131,8 +131,10 @@ def fold_rows(summary: dict[str, Any]) -> list[list[str]]:
         out.append([
             "all", f"{agg['folds']} folds", _mean_se(agg["sharpe"], agg["sharpe_se"]),
             _mean_se(agg["buy_hold_sharpe"], agg["buy_hold_sharpe_se"]), "",
-            f"{agg['total_return']:+.1%}", f"{agg['buy_hold_return']:+.1%}",
-            f"{agg['max_drawdown']:.1%}", f"{agg['turnover']:.3f}", f"{agg['hit_rate']:.1%}", "",
+            # an agent that never held a position has no hit rate: "undefined", not a crash
+            _num(agg["total_return"], "{:+.1%}"), _num(agg["buy_hold_return"], "{:+.1%}"),
+            _num(agg["max_drawdown"], "{:.1%}"), _num(agg["turnover"], "{:.3f}"),
+            _num(agg["hit_rate"], "{:.1%}"), "",
             str(agg["steps"]), str(agg["nonfinite"]),
             f"mean ± s.e.; returns compounded; max DD: {agg.get('max_drawdown_of', 'mean')}",
         ])  # fmt: skip
