@@ -5,13 +5,13 @@ seed; several runs at once as separate processes.
     python benchmarks/default_run.py --device cuda --seeds 0 1 2 [--jobs 6] \\
         [--variant NAME KEY=VALUE ...] [--out benchmarks/results/default_run_h200.json]
 
-Without ``--variant`` one variant runs: ``default`` (no override: on CUDA the GPU defaults of
-``trimtab.rl.config.CUDA_DEFAULTS`` apply). ``--variant cpu_defaults env.n_envs=16
-agent.batch_size=64`` adds the CPU's defaults on the same device, the sample-efficiency
-comparison of README "Defaults on a GPU". Wall time is the whole process's (start-up, CUDA
-initialisation and the report included) and ``train_s`` the training loop's (summary.json);
-``timings`` splits the wall time (summary.json's ``timings``: set-up, loop, report; ``start_s``
-the rest: interpreter start-up and imports);
+Without ``--variant`` one variant runs: ``default`` (no override; the market takes the same
+device profile on CUDA as on the CPU, ``trimtab.rl.config.device_profile``). ``--variant
+cuda_profile env.n_envs=64 agent.batch_size=256`` adds the CUDA profile's sizes on the same
+device (the records before that change ran them as the default). Wall time is the whole
+process's (start-up, CUDA initialisation and the report included) and ``train_s`` the training
+loop's (summary.json); ``timings`` splits the wall time (summary.json's ``timings``: set-up,
+loop, report; ``start_s`` the rest: interpreter start-up and imports);
 runs that share the device at once (``--jobs`` > 1) slow each other, so the target
 (<= 30 s on the H200) is read from a run alone (``--jobs 1``). Per variant: the mean fold Sharpe
 over seeds (mean ± standard error of each seed's mean over folds) and the folds that beat buy &

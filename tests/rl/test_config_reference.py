@@ -32,9 +32,11 @@ def test_every_key_is_listed_once_with_a_meaning():
 
 
 def test_the_device_profile_is_resolved_for_the_device_asked():
+    # the reference is the default run's, the market, which keeps the CPU profile on CUDA
     cuda = {e["key"]: e for e in reference("cuda")}
-    assert cuda["env.n_envs"]["device_default"] == DEVICE_PROFILES["cuda"]["env.n_envs"]
-    assert cuda["agent.batch_size"]["device_default"] == DEVICE_PROFILES["cuda"]["agent.batch_size"]
+    assert cuda["env.n_envs"]["device_default"] == DEVICE_PROFILES["cpu"]["env.n_envs"]
+    assert cuda["agent.batch_size"]["device_default"] == DEVICE_PROFILES["cpu"]["agent.batch_size"]
+    assert cuda["run.device"]["device_default"] == "cuda"
 
 
 def test_comments_above_and_beside_a_field_are_joined():
@@ -60,7 +62,10 @@ def test_trimtab_config_prints_it(fmt, capsys):
     elif fmt == "markdown":
         assert "| `agent.lr` | float | `0.001` | `0.001` |" in out and "## `[gym]`" in out
     else:
-        assert "[walkforward]" in out and '  n_envs = 64    # int | "auto"' in out
+        assert (
+            "[walkforward]" in out
+            and '  n_envs = 16    # int | "auto"; default "auto", resolved on cuda' in out
+        )
     assert out == format_reference(reference("cuda"), fmt, "cuda")
 
 

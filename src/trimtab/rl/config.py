@@ -72,12 +72,14 @@ ABLATIONS = ("support", "target_clamp", "trunk_clamp", "grad_clip", "weight_clam
 
 #: The device profiles: the values that ``"auto"`` takes for the keys whose best value depends
 #: on the device (docs: results/default-run.md), resolved inside :class:`TrainConfig`, so a config
-#: built in Python and one built by the CLI are the same run. On CUDA more envs are stepped at
-#: once (where the envs live on the device: the market, env.impl = "torch"; host Gymnasium envs
-#: gain nothing from more copies) and batches are larger: a batched env step and a learn step
-#: cost about the same wall time on a GPU at these sizes (both are launch-bound), so they buy
-#: data per second; what they do to the returns per learn step is measured in
-#: benchmarks/results/default_run_h200.json. A value set explicitly is never changed.
+#: built in Python and one built by the CLI are the same run. On CUDA a Gymnasium env stepped on
+#: the device (env.impl = "torch") gets more envs and larger batches: a batched env step and a
+#: learn step cost about the same wall time on a GPU at these sizes (both are launch-bound), so
+#: they buy data per second. The market keeps the CPU profile on every device: its folds hold a
+#: few hundred days, and on them more envs and larger batches per learn step score lower out of
+#: sample (benchmarks/results/agent_vs_baselines.json, records p0_gpu and n0_h100), at the same
+#: wall time. Host Gymnasium envs gain nothing from more copies. A value set explicitly is never
+#: changed.
 DEVICE_PROFILES: dict[str, dict[str, int]] = {
     "cpu": {"env.n_envs": 16, "agent.batch_size": 64},
     "cuda": {"env.n_envs": 64, "agent.batch_size": 256},
@@ -88,9 +90,10 @@ CUDA_DEFAULTS = DEVICE_PROFILES["cuda"]
 
 def device_profile(device: str, env_name: str = "market", impl: str = "gymnasium") -> dict:
     """The values of :data:`DEVICE_PROFILES` for a run on ``device`` ("cpu", "cuda", "cuda:N")
-    of env ``env_name``: ``env.n_envs`` takes the CUDA value only where the envs live on the
-    device (the market, or ``impl = "torch"``)."""
-    cuda = str(device).startswith("cuda")
+    of env ``env_name``: the market takes the CPU profile on every device (measured); on CUDA
+    another env takes the CUDA batch size, and the CUDA env count where its envs live on the
+    device (``impl = "torch"``); a bsuite env is one env."""
+    cuda = str(device).startswith("cuda") and env_name != "market"
     out = dict(DEVICE_PROFILES["cuda" if cuda else "cpu"])
     if cuda and env_name.startswith("gym:") and impl != "torch":
         out["env.n_envs"] = DEVICE_PROFILES["cpu"]["env.n_envs"]
@@ -299,7 +302,7 @@ class EnvConfig:
     # docs: guides/walk-forward.md#what-the-agent-was-given
     reward: Literal["per_asset", "portfolio"] = "per_asset"
     # environments stepped together (market or Gymnasium); "auto" = the device profile's
-    # (DEVICE_PROFILES: 16 on the CPU, 64 on CUDA where the envs live on the device)
+    # (DEVICE_PROFILES: 16; 64 for a Gymnasium env stepped on a CUDA device, env.impl = "torch")
     n_envs: int | Literal["auto"] = "auto"
     episode_days: int = 64  # trading days per training episode (market only)
     # market only: the per-asset features the agent observes, by name, from

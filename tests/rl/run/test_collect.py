@@ -190,22 +190,26 @@ def test_a_cuda_device_scales_the_unset_env_count_and_batch_size():
     cpu = TrainConfig()
     assert (cpu.env.n_envs, cpu.agent.batch_size) == tuple(DEVICE_PROFILES["cpu"].values())
     assert (n_envs, batch) != (cpu.env.n_envs, cpu.agent.batch_size)
-    # the profile resolves inside the config: Python and the CLI's tables give the same run
-    cuda = from_dict(TrainConfig, {"run": {"device": "cuda"}})
+    # a Gymnasium env stepped on the device takes the CUDA profile; the profile resolves inside
+    # the config: Python and the CLI's tables give the same run
+    torch_env = {"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1", "impl": "torch"}}
+    cuda = from_dict(TrainConfig, torch_env)
     assert (cuda.env.n_envs, cuda.agent.batch_size) == (n_envs, batch)
-    assert TrainConfig(run=RunConfig(device="cuda:1")) == from_dict(
-        TrainConfig, {"run": {"device": "cuda:1"}}
+    gym_env = EnvConfig(name="gym:CartPole-v1", impl="torch")
+    assert TrainConfig(run=RunConfig(device="cuda:1"), env=gym_env) == from_dict(
+        TrainConfig, {**torch_env, "run": {"device": "cuda:1"}}
     )
+    # the market keeps the CPU profile on CUDA (more envs and larger batches score lower there)
+    market = from_dict(TrainConfig, {"run": {"device": "cuda"}})
+    assert (market.env.n_envs, market.agent.batch_size) == (cpu.env.n_envs, cpu.agent.batch_size)
     # a value set explicitly is kept, even where it equals the CPU profile's
-    given = from_dict(TrainConfig, {"run": {"device": "cuda:1"}, "env": {"n_envs": 16},
+    given = from_dict(TrainConfig, {**torch_env, "env": {**torch_env["env"], "n_envs": 16},
                                     "agent": {"batch_size": 32}})  # fmt: skip
     assert (given.env.n_envs, given.agent.batch_size) == (16, 32)
     assert TrainConfig(run=RunConfig(device="cuda"), env=EnvConfig(n_envs=16)).env.n_envs == 16
     # Gymnasium's own envs step on the host: more copies gain nothing, the count is the CPU's
     host = from_dict(TrainConfig, {"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1"}})
     assert host.env.n_envs == cpu.env.n_envs and host.agent.batch_size == batch
-    torch_env = {"run": {"device": "cuda"}, "env": {"name": "gym:CartPole-v1", "impl": "torch"}}
-    assert from_dict(TrainConfig, torch_env).env.n_envs == n_envs
 
 
 @pytest.mark.parametrize("mode", ["adaptive", "off"])

@@ -62,7 +62,7 @@ class AgentConfig:
     lr: float = 1e-3  # passed to optimizer_factory as lr=
     adam_eps: float = 1e-8  # passed to optimizer_factory as eps= (CleanRL's C51: 0.01/batch)
     # transitions per learn step; "auto" = the run's device profile (trimtab.rl.config
-    # DEVICE_PROFILES: 64 on the CPU, 256 on CUDA), resolved by TrainConfig
+    # DEVICE_PROFILES: 64; 256 on CUDA but for the market), resolved by TrainConfig
     batch_size: int | Literal["auto"] = "auto"
     target_update_period: int = 500  # updates between hard target syncs
     eps_start: float = 1.0  # ε-greedy: linear from eps_start to eps_end ...
