@@ -356,8 +356,12 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class WalkForwardConfig:
-    folds: int = 4  # fold k trains on window k and is tested on window k + 1
+    folds: int = 4  # fold k is tested on window k + 1 (and trains as train_window says)
     window_days: int = 0  # days per window; 0 = split the data evenly into folds + 1 windows
+    # what fold k trains on: "expanding", windows 0 to k (anchored walk-forward: every day
+    # before its test window, less the embargo); "rolling", window k alone. The test windows
+    # are the same either way. docs: guides/walk-forward.md#folds
+    train_window: Literal["rolling", "expanding"] = "expanding"
     steps_per_fold: int = 2500  # gradient steps per fold
     # env steps, summed over the env.n_envs envs (as every env-step count of the trainer: ε,
     # gym.total_steps), collected in a fold before its first update (each fold has a fresh
@@ -376,6 +380,8 @@ class WalkForwardConfig:
             bad.append(f"embargo={self.embargo!r} must be 'auto' or an integer >= 0 (days)")
         if self.folds < 1:
             bad.append(f"folds={self.folds} must be >= 1")
+        if self.train_window not in ("rolling", "expanding"):
+            bad.append(f"train_window={self.train_window!r} must be 'rolling' or 'expanding'")
         if self.window_days < 0 or self.steps_per_fold < 1 or self.learning_starts < 0:
             bad.append("need window_days >= 0, steps_per_fold >= 1, learning_starts >= 0")
         if self.updates_per_step < 1:
@@ -479,20 +485,25 @@ class TrainConfig:
 #: [env] keys of a market run that an earlier trimtab did not have, and the value such a run
 #: was built with: before ``env.reward`` every branch learnt from the portfolio's return
 SAVED_BEFORE_MARKET_ENV: dict[str, Any] = {"reward": "portfolio"}
+#: [walkforward] keys that an earlier trimtab did not have, and the value its runs were built
+#: with: before ``walkforward.train_window`` every fold trained on its own window alone
+SAVED_BEFORE_WALKFORWARD: dict[str, Any] = {"train_window": "rolling"}
 
 
 def saved_config(data: Mapping[str, Any]) -> TrainConfig:
     """The config of a saved run (its ``config.toml``, or the one in a checkpoint): as
     ``from_dict(TrainConfig, data)``, except that a key which the run's trimtab did not have yet
     takes the value that run was built with, not today's default
-    (:data:`~trimtab.rl.agent.dqn.SAVED_BEFORE`, :data:`SAVED_BEFORE_MARKET_ENV`): a run saved
-    before ``agent.assetwise`` existed loads as ``false``, a market run saved before
-    ``env.reward`` as ``"portfolio"``."""
+    (:data:`~trimtab.rl.agent.dqn.SAVED_BEFORE`, :data:`SAVED_BEFORE_MARKET_ENV`,
+    :data:`SAVED_BEFORE_WALKFORWARD`): a run saved before ``agent.assetwise`` existed loads as
+    ``false``, a market run saved before ``env.reward`` as ``"portfolio"``, one saved before
+    ``walkforward.train_window`` as ``"rolling"``."""
     env = dict(data.get("env", {}))
+    out = {**data, "agent": {**SAVED_BEFORE, **data.get("agent", {})}}
     if env_kind(env.get("name", EnvConfig.name), env.get("impl", EnvConfig.impl)).walk_forward:
-        env = {**SAVED_BEFORE_MARKET_ENV, **env}
-    agent = {**SAVED_BEFORE, **data.get("agent", {})}
-    return from_dict(TrainConfig, {**data, "env": env, "agent": agent})
+        out["env"] = {**SAVED_BEFORE_MARKET_ENV, **env}
+        out["walkforward"] = {**SAVED_BEFORE_WALKFORWARD, **data.get("walkforward", {})}
+    return from_dict(TrainConfig, out)
 
 
 #: what to set instead, for a key of the other kind of env

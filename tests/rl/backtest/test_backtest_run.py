@@ -77,6 +77,30 @@ def test_embargo_keeps_training_days_away_from_the_test_window(tmp_path):
     assert make_folds(load_market(cfg7).n_days, cfg7)[0].fit_end == folds[0].train_end - 7
 
 
+def test_an_expanding_window_trains_on_every_day_before_the_test_window(tmp_path):
+    cfg = tiny(tmp_path / "r", 24)
+    assert cfg.walkforward.train_window == "expanding"  # the default
+    n = load_market(cfg).n_days
+    grown = make_folds(n, cfg)
+    rolling = make_folds(
+        n, replace(cfg, walkforward=replace(cfg.walkforward, train_window="rolling"))
+    )
+    # the same test windows and embargo; each fold's training starts at the first window's start
+    assert [(f.train_end, f.test_end, f.fit_end) for f in grown] == [
+        (f.train_end, f.test_end, f.fit_end) for f in rolling
+    ]
+    assert {f.train_start for f in grown} == {rolling[0].train_start}
+    assert [f.train_start for f in rolling] == sorted({f.train_start for f in rolling})
+    assert all(f.train_end - f.train_start == rolling[0].train_end - rolling[0].train_start
+               for f in rolling)  # fmt: skip
+    # the runs train on them: the fold rows' training dates
+    for window, starts in (("expanding", 1), ("rolling", cfg.walkforward.folds)):
+        run = replace(cfg, walkforward=replace(cfg.walkforward, train_window=window))
+        run = replace(run, run=replace(run.run, out=str(tmp_path / window)))
+        first = [row["train_start"] for row in train(run)["folds"]]
+        assert len(first) == cfg.walkforward.folds and len(set(first)) == starts
+
+
 def test_market_fills_follow_env_execution():
     base = tiny("unused")
     same = replace(base, env=replace(base.env, execution="same_close"))
@@ -94,6 +118,7 @@ def test_market_fills_follow_env_execution():
         ("env", {"borrow_pct": float("nan")}, "borrow_pct"),
         ("env", {"commission_bps": -1.0}, "commission_bps"),
         ("walkforward", {"embargo": -2}, "embargo"),
+        ("walkforward", {"train_window": "anchored"}, "train_window"),
         ("backtest", {"ma_fast": 50, "ma_slow": 20}, "ma_fast"),
         ("data", {"max_gap_days": -1}, "max_gap_days"),
     ],

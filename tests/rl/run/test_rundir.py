@@ -138,6 +138,9 @@ def test_a_run_saved_before_assetwise_resumes_and_evaluates_as_it_was_built(tmp_
     assert saved_config({}).env.reward == "portfolio"  # a market run saved before env.reward
     assert saved_config({"env": {"reward": "per_asset"}}).env.reward == "per_asset"
     assert saved_config({"env": {"name": "gym:CartPole-v1"}}).env.reward == "per_asset"
+    assert saved_config({}).walkforward.train_window == "rolling"  # saved before the key
+    grown = {"walkforward": {"train_window": "expanding"}}
+    assert saved_config(grown).walkforward.train_window == "expanding"
 
     def two_folds(out: Path):
         c = generic(tiny(out, 8, checkpoint_every=4))

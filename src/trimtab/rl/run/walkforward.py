@@ -111,12 +111,16 @@ def minimum_window(cfg: TrainConfig) -> int:
 
 
 def make_folds(n_days: int, cfg: TrainConfig) -> list[Fold]:
-    """Contiguous equal windows ending at the last day; fold k: train window k (less the
-    embargo), test k + 1."""
+    """Contiguous equal windows ending at the last day; fold k: train window k, or windows 0 to
+    k (``walkforward.train_window = "expanding"``), less the embargo; test window k + 1."""
     k, gap = cfg.walkforward.folds, embargo_days(cfg)
     w = cfg.walkforward.window_days or n_days // (k + 1)
     first = n_days - (k + 1) * w
-    return [Fold(i, first + i * w, first + (i + 1) * w, first + (i + 2) * w, gap) for i in range(k)]
+    anchored = cfg.walkforward.train_window == "expanding"
+    return [
+        Fold(i, first if anchored else first + i * w, first + (i + 1) * w, first + (i + 2) * w, gap)
+        for i in range(k)
+    ]
 
 
 def fold_arrays(
