@@ -57,7 +57,9 @@ def test_tiny_run_writes_every_output(tmp_path):
     assert saved["halted"] is None and saved["stability"] == "adaptive"
     assert saved["measure_every"] == 8  # "auto" on the CPU
     assert saved["folds"][0]["test_start"] > saved["folds"][0]["train_end"]  # out of sample
-    assert saved["folds"][1]["train_start"] == saved["folds"][0]["test_start"]
+    # walkforward.train_window "expanding": fold 1 trains on fold 0's days and its test window
+    assert saved["folds"][1]["train_start"] == saved["folds"][0]["train_start"]
+    assert saved["folds"][1]["train_end"] < saved["folds"][1]["test_start"]
     # the fold boundary's actions are logged
     log = (out / "run.log").read_text()
     assert "hard sync from its online network" in log and "unset slots" in log

@@ -26,8 +26,9 @@ __all__ = ["EnvStep", "FoldPlan", "GymAdapter", "MarketAdapter", "TorchCartPoleA
 
 
 class MarketAdapter:
-    """Walk-forward folds: fold k trains a fresh :class:`BatchedTradingEnv` on window k
-    (features normalised with window k's statistics) and is evaluated greedily on window k+1."""
+    """Walk-forward folds: fold k trains a fresh :class:`BatchedTradingEnv` on its training days
+    (windows 0 to k, or window k alone: ``walkforward.train_window``; features normalised with
+    their statistics) and is evaluated greedily on window k+1."""
 
     #: the envs live on the run's device: a step can be captured (trimtab.rl.run.collect)
     on_device = True

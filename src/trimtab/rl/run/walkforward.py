@@ -1,6 +1,7 @@
 """Walk-forward folds over market data: windows, per-fold features, out-of-sample evaluation.
 
-Fold ``k`` trains on window ``k`` less its last ``walkforward.embargo`` days (purging: no
+Fold ``k`` trains on windows ``0`` to ``k`` (``walkforward.train_window = "expanding"``) or
+on window ``k`` alone (``"rolling"``), less the last ``walkforward.embargo`` days (purging: no
 training reward or n-step target comes within that many days of a test day) and is
 evaluated, greedily and out of sample, on window ``k + 1``. The decision on the last day
 before the test window (its information is that day's close) earns the first test day's
