@@ -16,7 +16,7 @@ import torch
 
 from trimtab._headroom import check_headroom
 from trimtab.rl.agent.dqn import GAMMA_AUTO, SAVED_BEFORE, AgentConfig
-from trimtab.rl.backtest.execution import EXECUTIONS, Execution
+from trimtab.rl.backtest.execution import Execution
 from trimtab.rl.configio import ConfigError, check_fields, from_dict
 from trimtab.rl.data.features import (
     DEFAULT_FEATURES,
@@ -260,8 +260,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_fields(self, "data")  # types, Literal values, finite numbers
         bad = []
-        if self.gaps not in ("drop", "ffill", "error"):
-            bad.append(f"gaps={self.gaps!r} must be 'drop', 'ffill' or 'error'")
         if type(self.max_gap_days) is not int or self.max_gap_days < 0:
             bad.append(f"max_gap_days={self.max_gap_days!r} must be an integer >= 0")
         if self.synthetic_days < 100:
@@ -330,8 +328,6 @@ class EnvConfig:
             bad.append(f"impl='torch' runs {list(TORCH_ENVS)} only, not name={self.name!r}")
         if len(self.levels) < 2 or any(abs(x) > 1 for x in self.levels):
             bad.append(f"levels={self.levels} need >= 2 values in [-1, 1]")
-        if self.execution not in EXECUTIONS:
-            bad.append(f"execution={self.execution!r} must be one of {list(EXECUTIONS)}")
         for key in ("commission_bps", "half_spread_bps", "borrow_pct", "cash_pct"):
             v = getattr(self, key)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -380,8 +376,6 @@ class WalkForwardConfig:
             bad.append(f"embargo={self.embargo!r} must be 'auto' or an integer >= 0 (days)")
         if self.folds < 1:
             bad.append(f"folds={self.folds} must be >= 1")
-        if self.train_window not in ("rolling", "expanding"):
-            bad.append(f"train_window={self.train_window!r} must be 'rolling' or 'expanding'")
         if self.window_days < 0 or self.steps_per_fold < 1 or self.learning_starts < 0:
             bad.append("need window_days >= 0, steps_per_fold >= 1, learning_starts >= 0")
         if self.updates_per_step < 1:
