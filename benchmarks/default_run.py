@@ -13,9 +13,12 @@ process's (start-up, CUDA initialisation and the report included) and ``train_s`
 loop's (summary.json); ``timings`` splits the wall time (summary.json's ``timings``: set-up,
 loop, report; ``start_s`` the rest: interpreter start-up and imports);
 runs that share the device at once (``--jobs`` > 1) slow each other, so the target
-(<= 30 s on the H200) is read from a run alone (``--jobs 1``). Per variant: the mean fold Sharpe
-over seeds (mean ± standard error of each seed's mean over folds) and the folds that beat buy &
-hold. The JSON gains one record (keyed by ``--key``) with machine, date and commit.
+(<= 30 s on the H200) is read from a run alone (``--jobs 1``). ``--cold`` gives each run an
+empty Triton cache of its own (``TRITON_CACHE_DIR``), as on a machine's first run, and records
+the kernels it compiled: how many of each, and when (seconds after the process started). Per
+variant: the mean fold Sharpe over seeds (mean ± standard error of each seed's mean over folds)
+and the folds that beat buy & hold. The JSON gains one record (keyed by ``--key``) with
+machine, date and commit.
 """
 
 from __future__ import annotations
@@ -39,19 +42,53 @@ QUICK = ["walkforward.folds=2", "walkforward.steps_per_fold=30", "walkforward.le
          "data.synthetic_days=400"]  # fmt: skip
 
 
+def compiled_kernels(cache: Path, t0: float) -> dict[str, Any]:
+    """What a run compiled into its own Triton cache: each kernel's name and variants, and the
+    seconds after ``t0`` (the process's start, wall clock) at which its binaries were written."""
+    rows = []
+    for meta in cache.rglob("*.json"):
+        if meta.name.startswith("__grp__"):
+            continue
+        try:
+            name = json.loads(meta.read_text()).get("name")
+        except (OSError, ValueError):
+            continue
+        if name:
+            rows.append((meta.stat().st_mtime - t0, name))
+    rows.sort()
+    counts: dict[str, int] = {}
+    for _, name in rows:
+        counts[name] = counts.get(name, 0) + 1
+    return {"variants": len(rows), "by_name": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+            "written_s": [[round(t, 2), name] for t, name in rows]}  # fmt: skip
+
+
 def run_one(
-    device: str, variant: str, sets: list[str], seed: int, runs: Path, quick: bool
+    device: str,
+    variant: str,
+    sets: list[str],
+    seed: int,
+    runs: Path,
+    quick: bool,
+    cold: bool = False,
 ) -> dict[str, Any]:
     out = runs / f"{variant}-s{seed}"
     cmd = [sys.executable, "-m", "trimtab", "train", "--device", device, "--seed", str(seed),
            "--out", str(out), "--no-progress"]  # fmt: skip
     for s in [*sets, *(QUICK if quick else [])]:
         cmd += ["--set", s]
-    t0 = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cache = runs / f"{variant}-s{seed}-triton-cache"
+    if cold:  # an empty cache of its own: the run compiles every kernel it launches
+        cache.mkdir(parents=True)
+        env["TRITON_CACHE_DIR"] = str(cache)
+    wall0 = time.time()
+    t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     row: dict[str, Any] = {"variant": variant, "seed": seed, "sets": sets, "rc": proc.returncode,
                            "wall_s": time.perf_counter() - t0}  # fmt: skip
+    if cold:
+        row["triton_cache"] = compiled_kernels(cache, wall0)
     summary = out / "summary.json"
     if proc.returncode != 0 or not summary.is_file():
         row["error"] = (proc.stderr or proc.stdout)[-2000:]
@@ -110,13 +147,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--variant", nargs="+", action="append", default=None,
                    metavar="NAME KEY=VALUE", help="a name and its config overrides")  # fmt: skip
     p.add_argument("--runs", type=Path, default=None, help="run directories (default: temp)")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="each run with an empty Triton cache of its own (a machine's first run)",
+    )
     args = p.parse_args(argv)
     variants = {v[0]: v[1:] for v in (args.variant or [["default"]])}
     jobs = [(name, sets, seed) for seed in args.seeds for name, sets in variants.items()]
     with tempfile.TemporaryDirectory(prefix="default-run-") as tmp:
         runs = args.runs or Path(tmp)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            rows = list(pool.map(lambda j: run_one(args.device, j[0], j[1], j[2], runs, args.quick),
+            rows = list(pool.map(lambda j: run_one(args.device, j[0], j[1], j[2], runs, args.quick,
+                                                     args.cold),
                                  jobs))  # fmt: skip
     for r in rows:
         failed = f"  FAILED: {r['error'][-300:]}" if "error" in r else ""
@@ -127,12 +170,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{r.get('beats_buy_hold')}{failed}", flush=True)  # fmt: skip
         if r.get("timings"):
             print("    " + ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items()))
+        if r.get("triton_cache"):
+            c = r["triton_cache"]
+            last = c["written_s"][-1][0] if c["written_s"] else None
+            print(
+                f"    compiled {c['variants']} kernel variants (last written at {last} s): "
+                f"{c['by_name']}"
+            )
     agg = aggregate(rows)
     for name, a in agg.items():
         print(f"{name}: {a}")
     command = " ".join(["benchmarks/default_run.py", *(sys.argv[1:] if argv is None else argv)])
     record = {**provenance(args.device), "command": command, "device": args.device,
-              "jobs": args.jobs, "quick": args.quick, "runs": rows, "aggregate": agg}  # fmt: skip
+              "jobs": args.jobs, "quick": args.quick, "cold": args.cold, "runs": rows,
+              "aggregate": agg}  # fmt: skip
     if args.out is not None:
         save_record(args.out, args.key, record)
     return record
