@@ -19,6 +19,9 @@ estimator, in the order of :mod:`trimtab.kernels.ema_layout` (``EMA_FIELDS + EMA
 
 from __future__ import annotations
 
+import functools
+import math
+import struct
 from collections.abc import Sequence
 
 import torch
@@ -47,32 +50,49 @@ CLIP_WARPS = 4
 #: The window quantile walks down from the largest norm when it is at most this many ranks
 #: from the top (a p99 of 1000 norms: 11), one max and one count a rank; else it sorts the
 #: window (a bitonic sort of 1024 norms: ~25 µs of the H200's step, against ~1 µs a rank).
+#: When no rank of the window can be further down (:func:`walk_suffices`) the sort is not
+#: compiled: it took ~19 of the kernel's ~26 s of compile time (sm_90, Triton 3.9).
 TOP_MAX = 64
 
 
 @triton.jit
-def _kth_smallest(a, finite, w, n, k, GP: tl.constexpr, TOP: tl.constexpr):
+def _walk_down(a, finite, m, rounds, GP: tl.constexpr):
+    """Per row of ``a [GP, WP]``, the value ``m`` ranks from the top of its finite entries
+    (counting ties), found in ``rounds`` rounds of one max and one count."""
+    value = tl.zeros([GP], tl.float32)
+    live = tl.where(finite, a, -float("inf"))
+    cur = tl.full([GP], float("inf"), tl.float32)
+    seen = tl.zeros([GP], tl.int32)
+    for _ in range(rounds):
+        below = tl.max(tl.where(live < cur[:, None], live, -float("inf")), axis=1)
+        ties = tl.sum((live == below[:, None]).to(tl.int32), axis=1)
+        on = seen < m
+        value = tl.where(on, below, value)
+        cur = tl.where(on, below, cur)
+        seen = tl.where(on, seen + ties, seen)
+    return value
+
+
+@triton.jit
+def _kth_smallest(
+    a, finite, w, n, k, GP: tl.constexpr, TOP: tl.constexpr, SORT: tl.constexpr
+):  # fmt: skip
     """Per row of ``a [GP, WP]``, the ``k``-th smallest of the ``n`` finite entries (rows with
     ``n = 0``: any value). Near the top (``n - k + 1 <= TOP`` in every row, as for a p99),
     walked down from the largest, one distinct value a round (a max and a count over the row);
-    else from a sort of the row. Both give the same order statistic."""
+    else from a sort of the row. Both give the same order statistic. Without ``SORT`` (the host
+    found every rank of the window within ``TOP`` of the top: :func:`walk_suffices`) the sort
+    is not compiled at all: it is most of the kernel's compile time."""
     m = tl.where(n > 0, n - k + 1, 0)  # its rank from the top
     rounds = tl.max(m, axis=0)
-    value = tl.zeros([GP], tl.float32)
-    if rounds <= TOP:
-        live = tl.where(finite, a, -float("inf"))
-        cur = tl.full([GP], float("inf"), tl.float32)
-        seen = tl.zeros([GP], tl.int32)
-        for _ in range(rounds):
-            below = tl.max(tl.where(live < cur[:, None], live, -float("inf")), axis=1)
-            ties = tl.sum((live == below[:, None]).to(tl.int32), axis=1)
-            on = seen < m
-            value = tl.where(on, below, value)
-            cur = tl.where(on, below, cur)
-            seen = tl.where(on, seen + ties, seen)
+    if SORT:
+        if rounds <= TOP:
+            value = _walk_down(a, finite, m, rounds, GP)
+        else:
+            ordered = tl.sort(tl.where(finite, a, float("inf")), 1)
+            value = tl.sum(tl.where(w[None, :] == (k - 1)[:, None], ordered, 0.0), axis=1)
     else:
-        ordered = tl.sort(tl.where(finite, a, float("inf")), 1)
-        value = tl.sum(tl.where(w[None, :] == (k - 1)[:, None], ordered, 0.0), axis=1)
+        value = _walk_down(a, finite, m, rounds, GP)
     return value
 
 
@@ -83,7 +103,7 @@ def _clip_kernel(
     ENG: tl.constexpr, BOUND: tl.constexpr, TAIL: tl.constexpr,
     TP: tl.constexpr, GP: tl.constexpr, WP: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
-    DOF_MAX: tl.constexpr, TOP: tl.constexpr,
+    DOF_MAX: tl.constexpr, TOP: tl.constexpr, SORT: tl.constexpr,
 ):  # fmt: skip
     t = tl.arange(0, TP)
     tm = t < num_tensors
@@ -126,7 +146,7 @@ def _clip_kernel(
     # The window's quantile: rank ceil(q n) (at least 1) of the n finite values, 0 when none.
     n = tl.sum(finite.to(tl.int32), axis=1)
     k = tl.maximum(tl.ceil(n.to(tl.float64) * q).to(tl.int32), 1)
-    value = _kth_smallest(a, finite, w, n, k, GP, TOP)
+    value = _kth_smallest(a, finite, w, n, k, GP, TOP, SORT)
     value = tl.where(n > 0, value, 0.0)
     # The engagement test on the window's count (k of its n steps exceeded their bound); a
     # raise goes toward the window's quantile.
@@ -148,6 +168,16 @@ def _clip_kernel(
     e = tl.exp(est)
     anchored = tl.where(b < e, b, e)  # NaN compares false: an unset estimate stays NaN
     tl.store(slot + g, _raise_toward(anchored, rate, top), mask=gm)
+
+
+@functools.lru_cache(maxsize=64)
+def walk_suffices(window: int, quantile: float) -> bool:
+    """Whether the window quantile's rank, ``max(1, ceil(q n))`` of ``n`` finite norms, lies at
+    most ``TOP_MAX`` ranks from the top for every ``n`` from 1 to ``window``: then the kernel
+    never sorts, and is compiled without its sort (``SORT = False``). Computed as the kernel
+    does: ``q`` rounded to float32, the product in float64."""
+    q = struct.unpack("f", struct.pack("f", quantile))[0]
+    return all(n - max(1, math.ceil(n * q)) + 1 <= TOP_MAX for n in range(1, window + 1))
 
 
 def fits(window: int, num_tensors: int) -> bool:
@@ -197,5 +227,6 @@ def clip_step_triton(
         ENG=EMA_WIDTH, BOUND=EMA_WIDTH + len(ENG_FIELDS), TAIL=2 * EMA_WIDTH + len(ENG_FIELDS),
         TP=max(2, triton.next_power_of_2(t)), GP=max(2, triton.next_power_of_2(g)),
         WP=max(2, triton.next_power_of_2(window)), **consts(q_level.numel()), TOP=TOP_MAX,
+        SORT=not walk_suffices(window, quantile),
         num_warps=CLIP_WARPS,
     )  # fmt: skip
