@@ -366,3 +366,19 @@ def test_cpu_finite_gradients_take_the_products_alone_bitwise():
     ps[0].grad, ps[2].grad = torch.ones(7, 3), torch.ones(2, 2)
     clip()
     assert int(clip.nonfinite[1]) == 1 and torch.equal(ps[1].grad, torch.zeros(5))
+
+
+def test_walk_suffices_decides_whether_the_sort_is_compiled():
+    """The kernel's sort is left out exactly when no count of finite norms in the window puts
+    the quantile's rank more than TOP_MAX ranks from the top: the trainer's p99 of 1000 walks,
+    a median of 200 sorts, and at q = 0.9 the limit falls between windows of 630 and 640
+    (640 norms: rank 576, 65 from the top)."""
+    from trimtab.kernels.clip import TOP_MAX, walk_suffices
+
+    assert TOP_MAX == 64
+    assert walk_suffices(1000, 0.99) and walk_suffices(4096, 0.99) and walk_suffices(8, 0.75)
+    assert not walk_suffices(200, 0.5)
+    assert walk_suffices(630, 0.9) and not walk_suffices(640, 0.9)
+    # every n up to the window counts, not only the full window: at q = 0.5 a window of 200
+    # sorts from n = 127 on (rank 64, 64 from the top; n = 128: 65)
+    assert walk_suffices(127, 0.5) and not walk_suffices(128, 0.5)

@@ -69,6 +69,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "profile_step_h200",
             "profile_host_h200",
             "profile_loop_h200",
+            "probe_compile_h100",
             "profile_graph_h200",
             "capture_parity_h200",
             "capture_probe_h200",
