@@ -147,6 +147,57 @@ def _lanes(v, g, ok, GP: tl.constexpr):
 
 
 @triton.jit
+def _fold_slots(
+    tab, fold, lrs, slot_offsets, consts, skip, G, GP: tl.constexpr, SKIP: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
+    DOF_MAX: tl.constexpr, TAIL: tl.constexpr,
+):  # fmt: skip
+    """The slot estimator's fold of the observations in ``fold`` (row 0: the value, row 1:
+    nonzero where chosen; lane ``i`` is slot kind ``i // GP`` of group ``i % GP``) and the
+    slots it writes, with the lower confidence bound of the decay.
+
+    It loads everything it reads itself, from the kernel's arguments and ``fold``, and shares
+    no SSA value with the code before it: the ops of one kernel connected to each other set
+    the compile time of Triton's coalesce pass, which grows with the number of memory ops
+    times that of the ops connected to them (roughly; measured: both estimator folds in one
+    connected body took ~13 of the finalize's ~16 s of compile on sm_90 with Triton 3.9, cut
+    apart ~2, ``benchmarks/experiments/probe_compile.py``). The caller stores ``fold`` and
+    issues a barrier first; the lanes' layout here may differ from the writer's."""
+    i = tl.arange(0, 8 * GP)
+    kind = i // GP
+    g = i % GP
+    ok = (kind < 7) & (g < G)
+    skipped = 0.0
+    if SKIP:
+        skipped = tl.load(skip)
+    keep = (tl.zeros([8 * GP], tl.float32) + skipped) == 0.0
+    obs = tl.load(fold + i, mask=ok, other=0.0)
+    chosen = tl.load(fold + 8 * GP + i, mask=ok, other=0.0) != 0.0
+    lr = tl.load(lrs + g, mask=ok, other=0.0)
+    sv = _ptr(tab, TAIL + 4, tl.float32)
+    growth_slot = tl.load(sv + tl.load(slot_offsets + 6) + g, mask=ok, other=0.0)
+    slot = kind * G + g
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, slot, ok, K, KP)
+    tl.debug_barrier()  # every value above is read before anything below writes
+    est, se = _ema_step(
+        tab, 0, TAIL, slot, ok, obs, chosen,
+        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
+        K, KP, META, TINY, DOF_MAX,
+    )  # fmt: skip
+    # Decay: the lower confidence bound of the outward push, at most 1 / lr, while the
+    # gradient scale was significantly rising at the last step (growth slot > 0).
+    bound_lo = est - tl.load(consts + 2).to(tl.float32) * se
+    lcb = tl.where(bound_lo < 0.0, 0.0, bound_lo)  # clamp(min=0): NaN stays NaN
+    lcb = tl.where(lcb > 1.0 / lr, 1.0 / lr, lcb)
+    lcb = tl.where(growth_slot > 0.0, lcb, 0.0)
+    log_kind = (kind == 0) | ((kind >= 3) & (kind <= 5))
+    value = tl.where(log_kind, tl.exp(est), tl.where(kind == 1, lcb, est))
+    value = tl.where(kind == 6, bound_lo, value)
+    slot_at = sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g
+    tl.store(slot_at, value, mask=ok & keep)
+
+
+@triton.jit
 def _finalize_kernel(
     tab,  # int64 [TABLE_SIZE]: state pointers (see Adam._finalize_table)
     ints,  # int32 [G, INT_WIDTH]
@@ -154,6 +205,7 @@ def _finalize_kernel(
     parts,  # int32 [G, REPLICAS, PART_WIDTH]
     sel,  # int32 [G, 3]
     deficit,  # float32 [G]: entropy deficit of the L1 groups' gradients (NaN: none)
+    fold,  # float32 [2, 8 * GP]: the slot fold's observations and choices (see _fold_slots)
     lrs,  # float32 [G]
     flags,  # int32 [G]: OBSERVED | CLAMP | AUTO | L1 bits
     slot_offsets,  # int32 [6]: offset of each slot kind in the state vector
@@ -222,7 +274,6 @@ def _finalize_kernel(
         dfc = tl.load(deficit + g, mask=ok, other=0.0)
         sv = _ptr(tab, TAIL + 4, tl.float32)
         l1_slot = tl.load(sv + tl.load(slot_offsets + 2) + g, mask=ok, other=0.0)
-        growth_slot = tl.load(sv + tl.load(slot_offsets + 6) + g, mask=ok, other=0.0)
         qk = tl.where(kind == 4, 1, tl.where(kind == 5, 2, 0))
         need = ok & ((kind == 0) | ((kind >= 3) & (kind <= 5)))
         q, nxt = _window_quantile(
@@ -238,8 +289,6 @@ def _finalize_kernel(
         e_z = tl.load(_ptr(tab, ENG_BASE + 2, tl.float32) + g, mask=eng, other=0.0)
         e_k = tl.load(_ptr(tab, ENG_BASE + 3, tl.int64) + g, mask=eng, other=0)
         e_n = tl.load(_ptr(tab, ENG_BASE + 4, tl.int64) + g, mask=eng, other=0)
-        slot = kind * G + g
-        s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, slot, ok, K, KP)
         tl.debug_barrier()  # every value above is read before anything below writes
 
         # --- compute and store --------------------------------------------------------------
@@ -291,21 +340,6 @@ def _finalize_kernel(
         log_kind = (kind == 0) | ((kind >= 3) & (kind <= 5))
         obs = tl.where(log_kind, tl.log(obs), obs)
         chosen = chosen & ~(log_kind & (obs == -float("inf")))
-        est, se = _ema_step(
-            tab, 0, TAIL, slot, ok, obs, chosen,
-            s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
-            K, KP, META, TINY, DOF_MAX,
-        )  # fmt: skip
-        # Decay: the lower confidence bound of the outward push, at most 1 / lr, while the
-        # gradient scale was significantly rising at the last step (growth slot > 0).
-        bound_lo = est - tl.load(consts + 2).to(tl.float32) * se
-        lcb = tl.where(bound_lo < 0.0, 0.0, bound_lo)  # clamp(min=0): NaN stays NaN
-        lcb = tl.where(lcb > 1.0 / lr, 1.0 / lr, lcb)
-        lcb = tl.where(growth_slot > 0.0, lcb, 0.0)
-        value = tl.where(log_kind, tl.exp(est), tl.where(kind == 1, lcb, est))
-        value = tl.where(kind == 6, bound_lo, value)
-        slot_at = sv + tl.load(slot_offsets + kind, mask=ok, other=0) + g
-        tl.store(slot_at, value, mask=ok & keep)
         tl.store(sel + g * 3 + (kind - 3), nxt, mask=ok & (kind >= 3) & (kind <= 5) & keep)
         # Zero the workspaces for the next step.
         for start in range(0, G * INT_WIDTH, ZBLOCK):
@@ -316,6 +350,15 @@ def _finalize_kernel(
             zm = zo < G * REPLICAS * PART_WIDTH
             tl.store(parts + zo, tl.zeros([ZBLOCK], tl.int32), mask=zm)
         tl.store(deficit + g, float("nan"), mask=ok & (kind == 0))
+        # The slot estimator's fold reads the observations through memory (``fold``): see
+        # _fold_slots.
+        tl.store(fold + i, obs, mask=ok)
+        tl.store(fold + 8 * GP + i, chosen.to(tl.float32), mask=ok)
+        tl.debug_barrier()
+        _fold_slots(
+            tab, fold, lrs, slot_offsets, consts, skip, G, GP, SKIP, K, KP, META, TINY, DOF_MAX,
+            TAIL,
+        )  # fmt: skip
     # Step counters (the update read step + 1) and the sampling phase.
     ph = tl.load(phase)
     st = tl.arange(0, 128)
@@ -334,6 +377,7 @@ def finalize_triton(
     parts: torch.Tensor,
     sel: torch.Tensor,
     deficit: torch.Tensor,
+    fold: torch.Tensor,
     lrs: torch.Tensor,
     flags: torch.Tensor,
     slot_offsets: torch.Tensor,
@@ -356,9 +400,11 @@ def finalize_triton(
     assert parts.dtype == torch.int32 and parts.shape == (num_groups, replicas, PART_WIDTH)
     assert replicas & (replicas - 1) == 0 and parts.is_contiguous()
     gp = triton.next_power_of_2(num_groups)
+    assert fold.dtype == torch.float32 and fold.numel() >= 16 * gp and fold.is_contiguous()
     gr = max(gp, 2)  # no tile dimension of 1
     _finalize_kernel[(1,)](
-        table, ints, parts.view(torch.float32), parts, sel, deficit, lrs, flags, slot_offsets,
+        table, ints, parts.view(torch.float32), parts, sel, deficit, fold, lrs, flags,
+        slot_offsets,
         consts, steps.ptrs, steps.count, phase, phase if skip is None else skip, num_groups,
         GP=gp, GR=gr, STATS=stats, SKIP=skip is not None,
         K=num_candidates, KP=triton.next_power_of_2(num_candidates),

@@ -59,7 +59,7 @@ class TritonPath:
             for i, g in enumerate(self.param_groups)
         ]
         finalize_triton(
-            self._finalize_table, self._ints, self._parts, self._sel, self._deficit,
+            self._finalize_table, self._ints, self._parts, self._sel, self._deficit, self._fold_ws,
             self._lr_vector(), self._const("flags", flags, torch.int32), self._slot_offsets,
             self._kconsts, pointer_table(steps, 1), self._phase, skip,
             stats=any(observed), num_candidates=self._ema._q_level.numel(),
