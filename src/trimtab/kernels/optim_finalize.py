@@ -157,12 +157,13 @@ def _fold_slots(
     slots it writes, with the lower confidence bound of the decay.
 
     It loads everything it reads itself, from the kernel's arguments and ``fold``, and shares
-    no SSA value with the code before it: the ops of one kernel connected to each other set
-    the compile time of Triton's coalesce pass, which grows with the number of memory ops
-    times that of the ops connected to them (roughly; measured: both estimator folds in one
-    connected body took ~13 of the finalize's ~16 s of compile on sm_90 with Triton 3.9, cut
-    apart ~2, ``benchmarks/experiments/probe_compile.py``). The caller stores ``fold`` and
-    issues a barrier first; the lanes' layout here may differ from the writer's."""
+    no SSA value with the code before it. Triton's coalesce pass walks the def-use slice of
+    every memory op, so its time grows faster than the ops connected to each other; with this
+    fold connected to the rest of the body it was ~13 of the kernel's ~16 s of compile, cut
+    apart ~4 of ~8 (sm_90, Triton 3.9, compiled offline; on the device
+    ``benchmarks/experiments/probe_compile.py`` times every kernel a first run compiles). The
+    caller stores ``fold`` and issues a barrier first; the lanes' layout here may differ from
+    the writer's."""
     i = tl.arange(0, 8 * GP)
     kind = i // GP
     g = i % GP
