@@ -20,8 +20,10 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
     ),
     "default-run": (
         "The default run on a GPU",
-        "Wall time and fold tables of the default `trimtab train` on an H200, and the older "
-        "comparison of the trainer before and after its rewrite.",
+        "Wall time and fold tables of the default `trimtab train` on a GPU (an H200 or an H100: "
+        "each record names its device), a machine's first run (`--cold`: an empty Triton "
+        "cache) beside later ones, and the older comparison of the trainer before and after "
+        "its rewrite.",
         ["default_run_h200", "default_run_old_vs_new_h200"],
     ),
     "cartpole": (
