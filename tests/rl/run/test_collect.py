@@ -239,3 +239,19 @@ def test_captured_evaluation_equals_eager(mode, tmp_path, monkeypatch):
     assert row_c == row_e
     for key, value in curves_e.items():
         assert (curves_c[key] == value).all(), key
+
+
+def test_the_env_check_sees_the_reward_in_training_units(monkeypatch):
+    """The sentinel's env.reward threshold is a multiple of the targets' bound, which is in
+    training units (rewards x env.reward_scale): the check sees the scaled reward that replay
+    stores, not the env's. Checking the env's reward fired at x0.001 on the market as soon as a
+    day's move passed the scaled bound x 1000."""
+    c = _collector(_cartpole_cfg("env.n_envs=4", "env.reward_scale=0.001"), "cpu", capture=False)
+    seen = []
+    see_env = c.learner.see_env
+    monkeypatch.setattr(c.learner, "see_env",
+                        lambda obs, reward, final: (seen.append(reward.clone()),
+                                                    see_env(obs, reward, final)))  # fmt: skip
+    c.step(0)
+    assert len(seen) == 1 and torch.equal(seen[0], torch.full((4,), 0.001))  # CartPole's +1
+    assert torch.equal(c.replay.reward[:4].reshape(-1)[:4], seen[0])

@@ -32,8 +32,9 @@ class Collector:
     """One batched env step of ``adapter``'s ``n_envs`` envs, with the agent acting ε-greedily.
 
     Per step (:meth:`collect`): ``a = act(x)``; ``(x', r, final, term, trunc) = env.step(a)``;
-    the sentinel's ``env`` phase on ``(x', r, final)`` (then ``sanitize`` zeroes what is
-    non-finite); ``replay.add(x, a, reward_scale * r, final, term, trunc)``; the returns of the
+    the sentinel's ``env`` phase on ``(x', reward_scale * r, final)``: the reward in the
+    training units of its threshold (then ``sanitize`` zeroes what is non-finite);
+    ``replay.add(x, a, reward_scale * r, final, term, trunc)``; the returns of the
     episodes that ended are summed on the device; ``x <- x'``.
 
     ``capture=True`` (a CUDA device and an adapter whose envs live on it, ``adapter.on_device``)
@@ -114,10 +115,13 @@ class Collector:
         action = agent.act(obs, clock)
         # env step
         step = self.adapter.step(action)
-        # check: the sentinel sees what the env returned before anything consumes it
-        self.learner.see_env(step.obs, step.reward, step.final_obs)
-        # store: n-step transitions into replay (training rewards scaled; returns stay unscaled)
+        # the training reward: what replay stores and the targets are built from (returns stay
+        # unscaled)
         reward = step.reward * self.reward_scale if self.reward_scale != 1.0 else step.reward
+        # check: the sentinel sees what the env returned before anything consumes it, the reward
+        # in training units, as its threshold is (a multiple of the targets' bound)
+        self.learner.see_env(step.obs, reward, step.final_obs)
+        # store: n-step transitions into replay
         self.replay.add(obs, action, reward, step.final_obs, step.terminated, step.truncated)
         # episode statistics, on the device
         ended = step.terminated | step.truncated
