@@ -119,9 +119,10 @@ def record_first_fire(
 
 
 # Not specialised on: the record rows (views of one [3, n_slots] tensor, whose alignment follows
-# n_slots), the increments' view and the counts. Each sentinel of a run would otherwise compile
-# a variant of its own (about 1.7 s each on an H100, benchmarks/experiments/probe_compile.py);
-# these are read or written a few times a launch, where the alignment hints buy nothing.
+# n_slots), the increments' view and the counts, which vary between the sentinels of a run and
+# are read or written a few times a launch, where the alignment hints buy nothing. The default
+# market run compiled three variants of this kernel (about 1.7 s each on an H100,
+# benchmarks/experiments/probe_compile.py); with these left general, two.
 @triton.jit(
     do_not_specialize=[
         "inc", "rec_seq", "rec_step", "rec_kind", "rec_val", "n_entries", "n_slots", "n_counters",
