@@ -22,14 +22,13 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    import argparse
-
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--cache", type=Path, default=None)
-    known, _ = pre.parse_known_args(argv)
-    if "triton" in sys.modules and known.cache is None:
+    # --cache, read before the parser (whose module imports torch, and with it maybe Triton)
+    words = list(sys.argv[1:] if argv is None else argv)
+    given = [w.split("=", 1)[1] for w in words if w.startswith("--cache=")]
+    given += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--cache"]
+    if "triton" in sys.modules and not given:
         raise SystemExit("probe_compile: Triton is already imported; its cache cannot be moved")
-    cache = known.cache or Path(tempfile.mkdtemp(prefix="triton-cache-"))
+    cache = Path(given[-1]) if given else Path(tempfile.mkdtemp(prefix="triton-cache-"))
     os.environ["TRITON_CACHE_DIR"] = str(cache)  # before anything imports Triton
 
     from trimtab.benchmarking import benchmark_parser, provenance, save_record
