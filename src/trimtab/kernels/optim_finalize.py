@@ -37,6 +37,7 @@ from trimtab.kernels.optim_layout import (
     PART_WIDTH,
     PHASE_PERIOD,
     WINDOW_OFFSET,
+    fold_shape,
 )
 
 # The finalize's state table: int64 data pointers, in this order (``TABLE_LAYOUT``): the slot
@@ -401,7 +402,8 @@ def finalize_triton(
     assert parts.dtype == torch.int32 and parts.shape == (num_groups, replicas, PART_WIDTH)
     assert replicas & (replicas - 1) == 0 and parts.is_contiguous()
     gp = triton.next_power_of_2(num_groups)
-    assert fold.dtype == torch.float32 and fold.numel() >= 16 * gp and fold.is_contiguous()
+    assert fold.dtype == torch.float32 and fold.is_contiguous()
+    assert fold.shape == fold_shape(num_groups) == (2, 8 * gp)
     gr = max(gp, 2)  # no tile dimension of 1
     _finalize_kernel[(1,)](
         table, ints, parts.view(torch.float32), parts, sel, deficit, fold, lrs, flags,

@@ -69,6 +69,12 @@ class Workspace(NamedTuple):
     phase: torch.Tensor  # int32 [1], shared by every group
 
 
+def fold_shape(num_groups: int) -> tuple[int, int]:
+    """The finalize kernel's scratch of the slot fold (float32): its observations and choices,
+    one lane per slot kind (8) of each of the groups rounded up to a power of two."""
+    return 2, 8 << (num_groups - 1).bit_length()
+
+
 def sample_stride(numel: int) -> int:
     """The sampling stride ``S`` of a group of ``numel`` elements: the largest power of two with
     at least ``MIN_SAMPLE`` sampled elements, at most ``MAX_SAMPLE_STRIDE``."""

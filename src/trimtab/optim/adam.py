@@ -371,8 +371,7 @@ class Adam(Checkpoints, ReferenceFinalize, TritonPath, torch.optim.Optimizer):
         self._sel = torch.full((num_groups, 3), -1, dtype=torch.int32, device=dev)
         self._phase = torch.zeros(1, dtype=torch.int32, device=dev)
         self._deficit = torch.full((num_groups,), math.nan, device=dev)
-        # the Triton finalize's scratch: the slot fold's inputs, lane by lane (8 per group)
-        self._fold_ws = torch.zeros(2, 8 << (num_groups - 1).bit_length(), device=dev)
+        self._fold_ws = torch.zeros(lay.fold_shape(num_groups), device=dev)  # Triton finalize
         self._slot_views = [
             tuple(self._slot(n)[gi] for n in ("decay", "l1", "weight_bound"))
             for gi in range(num_groups)
