@@ -15,8 +15,9 @@ loop, report; ``start_s`` the rest: interpreter start-up and imports);
 runs that share the device at once (``--jobs`` > 1) slow each other, so the target
 (<= 30 s on the H200) is read from a run alone (``--jobs 1``). ``--cold`` gives each run an
 empty Triton cache of its own (``TRITON_CACHE_DIR``), as on a machine's first run, and records
-the kernels it compiled: how many of each, and when (seconds after the process started). Per
-variant: the mean fold Sharpe over seeds (mean ± standard error of each seed's mean over folds)
+the kernels compiled into it (by the run, or before it by ``run.precompile``'s workers, whose
+report is the row's ``precompile``): how many of each, and when (seconds after the process
+started). Per variant: the mean fold Sharpe over seeds (mean ± standard error of each seed's mean over folds)
 and the folds that beat buy & hold. The JSON gains one record (keyed by ``--key``) with
 machine, date and commit.
 """
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,10 +58,8 @@ def compiled_kernels(cache: Path, t0: float) -> dict[str, Any]:
         if name:
             rows.append((meta.stat().st_mtime - t0, name))
     rows.sort()
-    counts: dict[str, int] = {}
-    for _, name in rows:
-        counts[name] = counts.get(name, 0) + 1
-    return {"variants": len(rows), "by_name": dict(sorted(counts.items(), key=lambda kv: -kv[1])),
+    counts = Counter(name for _, name in rows)
+    return {"variants": len(rows), "by_name": dict(counts.most_common()),
             "written_s": [[round(t, 2), name] for t, name in rows]}  # fmt: skip
 
 
@@ -98,6 +98,8 @@ def run_one(
     folds = [{k: f.get(k) for k in keys} for f in s["folds"]]
     row.update(train_s=s["seconds"], updates=s["updates"], env_steps=s["env_steps"],
                halted=s["halted"], folds=folds)  # fmt: skip
+    if "precompile" in s:  # what worker processes compiled before the run (run.precompile)
+        row["precompile"] = s["precompile"]
     parts = s.get("timings", {})  # the process's wall time by part; the rest: start-up, imports
     if parts:
         row["timings"] = {**parts, "start_s": row["wall_s"] - sum(parts.values())}

@@ -163,6 +163,13 @@ class RunConfig:
     # guides/stability.md#cuda-graphs): "auto" = on a CUDA device, eager on the CPU; "on" = capture
     # (refused on the CPU); "off" = eager everywhere. Same numbers either way (tested on the GPU).
     cuda_graph: CudaGraph = "auto"
+    # A machine's first CUDA run: "auto" compiles the Triton kernel variants this package's
+    # manifest lists for the device (the default run's) in worker processes at once, while the
+    # run sets up, instead of one after another as it launches them (docs:
+    # getting-started/install.md#on-a-gpu); nothing where no manifest matches the Triton version
+    # and GPU, or where this machine's cache already holds them; "off": compile as launched.
+    # A CPU run compiles no kernels either way.
+    precompile: Literal["auto", "off"] = "auto"
     # Gradient steps between the host reads of the sentinel's "did anything fire?" flag (also
     # read at each metrics row, before each checkpoint and at each fold end). Under "halt" a
     # fire is found up to check_every - 1 steps late; the report names the step it fired at.

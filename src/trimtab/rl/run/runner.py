@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trimtab._impl import triton_available
 from trimtab.lifecycle import Lifecycle
 from trimtab.rl.agent.learner import Learner, build_learner
 from trimtab.rl.config import TrainConfig
@@ -43,6 +44,9 @@ from trimtab.rl.run.rundir import (
     write_fold_curve,
 )
 
+if TYPE_CHECKING:
+    from trimtab.kernels.precompile import Precompile
+
 __all__ = ["fold_seeds", "train"]
 
 #: metrics.csv columns of the learner's info dict (those the learner returns)
@@ -60,6 +64,34 @@ def captures_collection(cfg: TrainConfig, adapter: EnvAdapter, device: torch.dev
     """Whether a fold's collection is captured in a CUDA graph: on a CUDA device, with envs
     that live there (market, ``env.impl = "torch"``), unless ``run.cuda_graph = "off"``."""
     return cfg.run.cuda_graph != "off" and device.type == "cuda" and adapter.on_device
+
+
+def start_precompile(cfg: TrainConfig, device: torch.device) -> Precompile | None:
+    """On CUDA with ``run.precompile = "auto"``: the kernel variants of the device's manifest
+    compiling in worker processes (:mod:`trimtab.kernels.precompile`); else None."""
+    if cfg.run.precompile == "off" or device.type != "cuda" or not triton_available():
+        return None
+    from trimtab.kernels.precompile import Precompile
+
+    with torch.cuda.device(device):
+        return Precompile.start()
+
+
+def finish_precompile(compiling: Precompile | None, show: bool) -> dict[str, Any] | None:
+    """Wait for the workers; a line on stderr when they compiled something or failed (the run
+    then compiles what is missing as it goes). Returns what the summary and run.log keep."""
+    if compiling is None:
+        return None
+    done = compiling.wait()
+    if done.get("failed"):
+        print(f"warning: {len(done['failed'])} of {done['variants']} kernel variants did not "
+              f"precompile ({done['failed'][0]}); the run compiles them as it launches them",
+              file=sys.stderr, flush=True)  # fmt: skip
+    if show and done.get("compiled"):
+        print(f"compiled {done['compiled']} Triton kernel variants in {done['workers']} "
+              f"processes in {done['seconds']:.1f} s (once per machine)", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return done
 
 
 def train(
@@ -90,7 +122,14 @@ def train(
     entered = time.perf_counter()  # summary["timings"]: where a run's wall time goes
     device = resolve_device(cfg.run.device)
     torch.set_num_threads(cfg.run.threads)
-    adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
+    # a machine's first CUDA run: the kernels compile in worker processes while it sets up
+    compiling = start_precompile(cfg, device)
+    try:
+        adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
+    except BaseException:
+        if compiling is not None:
+            compiling.cancel()
+        raise
     for warning in adapter.summary([]).get("data_warnings", []):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     try:
@@ -102,11 +141,13 @@ def train(
         )
     except BaseException:  # no run to close it at its end
         adapter.close()
+        if compiling is not None:
+            compiling.cancel()
         raise
     try:
-        return _run(
-            cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks, entered
-        )
+        precompiled = finish_precompile(compiling, cfg.run.progress)
+        return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks,
+                    entered, precompiled)  # fmt: skip
     except (MemoryError, RuntimeError) as e:  # out of memory: one line naming the keys to lower
         if not is_out_of_memory(e):
             raise
@@ -133,6 +174,7 @@ def _run(
     setup: Callable[[Learner], None] | None,
     ranks: Ranks | None,
     entered: float,
+    precompiled: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
@@ -164,6 +206,8 @@ def _run(
     if main:
         with (run_dir / "run.log").open("a") as fh:
             fh.write("fold boundary does:\n" + "".join(f"  {x}\n" for x in life.describe()))
+            if precompiled is not None:
+                fh.write(f"kernel precompile: {json.dumps(precompiled)}\n")
             fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
     halted: str | None = None
     looping = time.perf_counter()
@@ -206,7 +250,7 @@ def _run(
         log.close()
     try:
         return _finish(cfg, adapter, learner, prog, life, run_dir, main, ranks, halted,
-                       identity, device, entered, looping)  # fmt: skip
+                       identity, device, entered, looping, precompiled)  # fmt: skip
     except KeyboardInterrupt:
         raise RunInterrupted(
             f"interrupted while writing the summary and report; `trimtab train --resume "
@@ -228,6 +272,7 @@ def _finish(
     device: torch.device,
     entered: float,
     looping: float,
+    precompiled: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's summary, sentinel report and report, written once training is over (or
     halted); a run stopped in here is finished by ``--resume``."""
@@ -254,6 +299,8 @@ def _finish(
     }
     if ranks is not None:  # env steps and updates above are per rank (rank 0's envs)
         summary["world_size"] = ranks.world_size
+    if precompiled is not None:  # the kernel variants compiled by workers before the run
+        summary["precompile"] = precompiled
     # This process's wall time by part: data and env, the learner (CUDA set-up included) and
     # the run directory; the loop (training, evaluation, checkpoints); the report. What it
     # spent before train() (interpreter, imports) is the rest of its wall time.

@@ -1,0 +1,190 @@
+"""The kernel variants a first CUDA run compiles in worker processes (trimtab.kernels.precompile):
+the manifest's reading and sharing, its agreement with the kernels it names, the workers'
+reports, and on the GPU that a precompiled variant is what the run's JIT then loads."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from trimtab.kernels import precompile
+from trimtab.rl.config import RunConfig, TrainConfig
+from trimtab.rl.configio import ConfigError
+from trimtab.rl.run.runner import start_precompile
+
+
+def test_share_deals_the_longest_compiles_first_to_the_least_loaded_worker() -> None:
+    entries = [{"kernel": f"m:k{i}", "specialization": "{}", "seconds": s}
+               for i, s in enumerate([1.0, 8.0, 2.0, 7.0, 1.0])]  # fmt: skip
+    shares = precompile.share(entries, 2)
+    loads = sorted(sum(e["seconds"] for e in part) for part in shares)
+    assert loads == [9.0, 10.0]  # 8+1 / 7+2+1 (greedy, longest first)
+    assert sorted(e["kernel"] for part in shares for e in part) == sorted(
+        e["kernel"] for e in entries
+    )
+    # more workers than variants: one variant each, no empty share
+    assert [len(p) for p in precompile.share(entries[:2], 8)] == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ("{not json", "not a readable manifest"),
+        ('{"triton": "3.6.0"}', "no 'variants' list"),
+        ('{"variants": [{"kernel": "no_colon", "specialization": "{}"}]}', "variant 0 needs"),
+        ('{"variants": [{"kernel": "m:k"}]}', "variant 0 needs"),
+    ],
+)
+def test_a_broken_manifest_is_refused_naming_the_file(tmp_path: Path, body: str, says: str) -> None:
+    path = tmp_path / "triton-3.6.0-cuda-90.json"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=says) as e:
+        precompile.read_manifest(path)
+    assert str(path) in str(e.value) and "record_variants.py" in str(e.value)
+
+
+def _python_function(name: str):
+    """The plain Python function behind a manifest's ``module:qualname`` (a JITFunction on a
+    GPU, an interpreted function under TRITON_INTERPRET=1)."""
+    module, _, qualname = name.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    while not inspect.isfunction(obj):
+        obj = obj.fn
+    return obj
+
+
+MANIFESTS = sorted(precompile.MANIFESTS.glob("triton-*.json"))
+
+
+def test_the_package_ships_a_manifest() -> None:
+    assert MANIFESTS, f"no manifest in {precompile.MANIFESTS}"
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_each_manifest_names_kernels_that_exist_with_their_parameters(path: Path) -> None:
+    """A manifest goes stale when a kernel is renamed or its parameters change: its variants
+    would then compile something no run launches (benchmarks/tools/record_variants.py again)."""
+    body = json.loads(path.read_text())
+    assert path.name == precompile.manifest_name(body["triton"], body["backend"], body["arch"])
+    variants = precompile.read_manifest(path)
+    assert variants
+    for v in variants:
+        assert v["kernel"].startswith("trimtab.kernels.")
+        spec = json.loads(v["specialization"])
+        params = list(inspect.signature(_python_function(v["kernel"])).parameters)
+        assert list(spec["signature"]) == params, v["kernel"]
+        assert spec["name"].endswith(v["kernel"].partition(":")[2]), v["kernel"]
+
+
+def test_a_worker_reports_a_kernel_it_cannot_find_and_goes_on() -> None:
+    out = precompile._compile_share(
+        [{"kernel": "trimtab.kernels.clamp:_no_such_kernel", "specialization": "{}"}]
+    )
+    assert out[0]["kernel"] == "trimtab.kernels.clamp:_no_such_kernel"
+    assert "AttributeError" in out[0]["error"]
+
+
+def test_without_a_manifest_for_this_triton_and_gpu_nothing_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(precompile, "_target", lambda: ("9.9.9", "cuda", 75))
+    (tmp_path / "triton-3.6.0-cuda-90.json").write_text('{"variants": []}')
+    job = precompile.Precompile.start(directory=tmp_path)
+    done = job.wait()
+    assert job.procs == []
+    assert "Triton 9.9.9 on cuda 75" in done["skipped"]
+    assert "triton-3.6.0-cuda-90.json" in done["skipped"]
+
+
+def test_the_workers_failures_come_back_as_lines_and_leave_no_stamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(precompile, "_target", lambda: ("9.9.9", "cuda", 75))
+    monkeypatch.setattr(precompile, "_cache_dir", lambda: tmp_path / "cache")
+    variants = [{"kernel": f"trimtab.kernels.clamp:_missing{i}", "specialization": "{}",
+                 "seconds": 1.0} for i in range(3)]  # fmt: skip
+    (tmp_path / "triton-9.9.9-cuda-75.json").write_text(json.dumps({"variants": variants}))
+    job = precompile.Precompile.start(workers=2, directory=tmp_path)
+    assert job.workers == 2  # real processes: python -m trimtab.kernels.precompile
+    done = job.wait()
+    assert done["variants"] == 3 and done["compiled"] == 0 and done["workers"] == 2
+    assert sorted(f.split(":")[1] for f in done["failed"]) == [
+        "_missing0",
+        "_missing1",
+        "_missing2",
+    ]
+    assert not (tmp_path / "cache").exists()  # no stamp: the next run tries again
+
+
+def test_precompile_applies_to_cuda_runs_only() -> None:
+    cfg = TrainConfig()
+    assert start_precompile(cfg, torch.device("cpu")) is None
+    with pytest.raises(ConfigError, match="precompile"):
+        RunConfig(precompile="sometimes")  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_a_precompiled_variant_is_what_the_run_then_loads(tmp_path: Path) -> None:
+    """Record a kernel's variants in one process, precompile them into an empty cache from
+    worker processes, then launch the kernel in a third process: every variant it needs is a
+    cache hit (Triton's compile listener says so), none compiled."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from pathlib import Path
+        import torch, triton
+        from trimtab.kernels import precompile
+        from trimtab.clamp import clamp_finite_
+        from trimtab.quantile import abs_quantile
+
+        mode, where = sys.argv[1], Path(sys.argv[2])
+
+        def launch():
+            x = torch.randn(100_000, device="cuda")
+            x[3] = float("nan")
+            bound = abs_quantile(x, 0.99, exact=True)
+            clamp_finite_(x, bound.reshape(1))
+            torch.cuda.synchronize()
+
+        if mode == "record":
+            with precompile.record() as entries:
+                launch()
+            precompile.write_manifest(entries, "test", where)
+            print(len(entries))
+        elif mode == "precompile":
+            print(json.dumps(precompile.Precompile.start(directory=where).wait()))
+        else:
+            hits = []
+            def listener(*, cache_hit, **kw):
+                hits.append(cache_hit)
+            triton.knobs.compilation.listener = listener
+            launch()
+            print(json.dumps(hits))
+        """
+    )
+    (tmp_path / "probe.py").write_text(script)
+
+    def run(mode: str, cache: str) -> str:
+        env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / cache)}
+        env.pop("TRITON_INTERPRET", None)
+        proc = subprocess.run([sys.executable, str(tmp_path / "probe.py"), mode, str(tmp_path)],
+                              capture_output=True, text=True, env=env, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert int(run("record", "cache_a")) >= 1
+    done = json.loads(run("precompile", "cache_b"))
+    assert done["failed"] == [] and done["compiled"] == done["variants"] >= 1
+    hits = json.loads(run("launch", "cache_b"))
+    assert hits and all(hits), hits
