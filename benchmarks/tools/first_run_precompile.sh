@@ -12,7 +12,7 @@ rounds=${1:-2} key=${2:-precompile}
 out=${OUT_JSON:-benchmarks/results/default_run_h200.json}
 dir=${MANIFEST_DIR:-src/trimtab/kernels/variants}
 python3 benchmarks/tools/record_variants.py --dir "$dir"
-if [[ $dir != src/trimtab/kernels/variants ]]; then cp "$dir"/triton-*.json src/trimtab/kernels/variants/; fi
+if [[ $dir != src/trimtab/kernels/variants ]]; then mkdir -p src/trimtab/kernels/variants; cp "$dir"/triton-*.json src/trimtab/kernels/variants/; fi
 for r in $(seq 1 "$rounds"); do
   python3 benchmarks/default_run.py --device cuda --seeds 0 --jobs 1 --cold \
     --variant off run.precompile=off --out "$out" --key "cold_${key}_off_$r"
