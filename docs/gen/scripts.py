@@ -45,6 +45,7 @@ SCRIPTS: dict[str, str] = {
     "stress": "stress",
     "support_loop": "support_loop",
     "sweep": "bench_sweep",
+    "throughput": "bench_throughput",
     "trainer": "bench_trainer",
 }
 
