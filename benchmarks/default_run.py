@@ -17,9 +17,9 @@ runs that share the device at once (``--jobs`` > 1) slow each other, so the targ
 empty Triton cache of its own (``TRITON_CACHE_DIR``), as on a machine's first run, and records
 the kernels compiled into it (by the run, or before it by ``run.precompile``'s workers, whose
 report is the row's ``precompile``): how many of each, and when (seconds after the process
-started). Per variant: the mean fold Sharpe over seeds (mean ± standard error of each seed's mean over folds)
-and the folds that beat buy & hold. The JSON gains one record (keyed by ``--key``) with
-machine, date and commit.
+started). Per variant: the mean fold Sharpe over seeds (mean ± standard error of each seed's
+mean over folds) and the folds that beat buy & hold. The JSON gains one record (keyed by
+``--key``) with machine, date and commit.
 """
 
 from __future__ import annotations

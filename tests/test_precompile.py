@@ -74,7 +74,7 @@ def test_the_package_ships_a_manifest() -> None:
 @pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
 def test_each_manifest_names_kernels_that_exist_with_their_parameters(path: Path) -> None:
     """A manifest goes stale when a kernel is renamed or its parameters change: its variants
-    would then compile something no run launches (benchmarks/tools/record_variants.py again)."""
+    would then compile something no run launches (benchmarks/record_variants.py again)."""
     body = json.loads(path.read_text())
     assert path.name == precompile.manifest_name(body["triton"], body["backend"], body["arch"])
     variants = precompile.read_manifest(path)

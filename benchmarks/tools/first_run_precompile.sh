@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A machine's first `trimtab train --device cuda` with and without run.precompile, on one host:
-# records the manifest of kernel variants on this machine (benchmarks/tools/record_variants.py,
+# records the manifest of kernel variants on this machine (benchmarks/record_variants.py,
 # into the package unless MANIFEST_DIR is set), then alternates cold runs (each with an empty
 # Triton cache of its own: benchmarks/default_run.py --cold) of run.precompile = "off" and the
 # default "auto", then one warm run after a cold one in a shared cache (the stamp path: no worker
@@ -11,7 +11,7 @@ set -euo pipefail
 rounds=${1:-2} key=${2:-precompile}
 out=${OUT_JSON:-benchmarks/results/default_run_h200.json}
 dir=${MANIFEST_DIR:-src/trimtab/kernels/variants}
-python3 benchmarks/tools/record_variants.py --dir "$dir"
+python3 benchmarks/record_variants.py --out "$dir"
 if [[ $dir != src/trimtab/kernels/variants ]]; then mkdir -p src/trimtab/kernels/variants; cp "$dir"/triton-*.json src/trimtab/kernels/variants/; fi
 for r in $(seq 1 "$rounds"); do
   python3 benchmarks/default_run.py --device cuda --seeds 0 --jobs 1 --cold \

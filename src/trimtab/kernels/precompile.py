@@ -11,7 +11,7 @@ signature, its constexprs, its argument attributes (16-byte divisibility) and it
 those the worker builds the very source and options the run's own JIT builds, so its compile
 lands under the cache key the run looks up, and the run loads the binary instead of compiling.
 
-A *manifest* lists the variants of one run, recorded by ``benchmarks/tools/record_variants.py``
+A *manifest* lists the variants of one run, recorded by ``benchmarks/record_variants.py``
 on a machine; it is valid for one Triton version and one GPU architecture (Triton's serialised
 form and its options change with both), and is named after them:
 ``variants/triton-<version>-<backend>-<arch>.json``. Where no manifest matches, nothing is
@@ -137,19 +137,19 @@ def read_manifest(path: Path) -> list[dict[str, Any]]:
     except (OSError, ValueError) as e:
         raise ValueError(
             f"{path}: not a readable manifest of kernel variants ({e}); "
-            "record it again with benchmarks/tools/record_variants.py"
+            "record it again with benchmarks/record_variants.py"
         ) from None
     variants = body.get("variants") if isinstance(body, dict) else None
     if not isinstance(variants, list):
         raise ValueError(f"{path}: no 'variants' list; record it again with "
-                         "benchmarks/tools/record_variants.py")  # fmt: skip
+                         "benchmarks/record_variants.py")  # fmt: skip
     for i, v in enumerate(variants):
         ok = (isinstance(v, dict) and isinstance(v.get("kernel"), str) and ":" in v["kernel"]
               and isinstance(v.get("specialization"), str))  # fmt: skip
         if not ok:
             raise ValueError(f"{path}: variant {i} needs 'kernel' (module:qualname) and "
                              "'specialization' (Triton's JSON); record it again with "
-                             "benchmarks/tools/record_variants.py")  # fmt: skip
+                             "benchmarks/record_variants.py")  # fmt: skip
     return variants
 
 

@@ -176,7 +176,8 @@ class RunConfig:
     check_every: int = DEFAULT_CHECK_EVERY
     # adaptive mode: learn steps per measurement of the measured bounds (the targets' and the
     # trunk's quantiles, the gradient clip's refit, Adam's weight statistics, with their
-    # engagement tests and folds); every clamp and the clip bind at the bound in force on every
+    # engagement tests and folds, and the sentinel's thresholds on the buffers it watches);
+    # every clamp and the clip bind at the bound in force, and the sentinel checks, on every
     # step. "auto": CPU_MEASURE_EVERY on the CPU (where they cost about as much as the rest of
     # the step), 1 on CUDA (in a captured step they cost ~nothing; an eager GPU step keeps the
     # captured one's numbers). An integer > 1 needs an eager step (cuda_graph = "off" on

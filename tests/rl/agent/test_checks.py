@@ -42,7 +42,7 @@ def test_one_fold_a_step_is_each_buffers_fold_after_its_check(tmp_path):
     shifts of scale."""
     with Lifecycle():
         checks = build_learner(
-            generic(tiny(tmp_path)), 5, [3], torch.device("cpu")
+            generic(tiny(tmp_path, measure_every=1)), 5, [3], torch.device("cpu")
         ).stability.checks
     with detached():
         reference = AdaptiveEMA(len(WATCHED))
@@ -141,3 +141,27 @@ def test_adam_moments_fire_on_the_gradients_excursion_not_on_sparsity(tmp_path):
     checks.weights()
     [firing] = checks.sentinel.report()
     assert firing.name.startswith("adam_v.") and firing.kind == "nan"
+
+
+def test_the_watched_thresholds_are_measured_on_the_bounds_cadence(tmp_path):
+    """With run.measure_every = k the watched buffers are measured and folded on steps 0, k,
+    2k, ... only (as the bounds), the count survives a checkpoint and a fold boundary restarts
+    it; the thresholds in force are read on every step."""
+    with Lifecycle():
+        checks = build_learner(
+            generic(tiny(tmp_path, measure_every=4)), 5, [3], torch.device("cpu")
+        ).stability.checks
+    assert checks.cadence.every == 4
+    g = torch.Generator().manual_seed(2)
+    for step in range(10):
+        checks._measure({n: torch.randn(8, generator=g) for n in WATCHED})
+        checks._fold()
+        assert int(checks.watch_ema.count.max()) == step // 4 + 1, step
+    state = checks.state_dict()
+    assert state["cadence"] == 10
+    checks.reset()
+    assert checks.cadence.step == 0
+    checks.load_state_dict(state)
+    assert checks.cadence.step == 10
+    checks.load_state_dict({k: v for k, v in state.items() if k != "cadence"})  # older file
+    assert checks.cadence.step == 0

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trimtab._cadence import Cadence
 from trimtab.estimate import NOISE_RATE, AdaptiveEMA
 from trimtab.lifecycle import detached, register
 from trimtab.nonfinite import NonFinitePolicy
@@ -141,6 +142,7 @@ class Checks:
         policy: str,
         guarded: dict[str, bool],
         thresholds: dict[str, str],
+        measure_every: int = 1,
     ) -> None:
         self.state, self.sentinel, self.policy = state, sentinel, policy
         self.guarded, self.thresholds = guarded, thresholds
@@ -153,6 +155,10 @@ class Checks:
         #: This step's max |x| of the watched buffers measured so far (after their checks),
         #: folded together by :meth:`gradients`: one estimator update a step.
         self._pending: dict[str, Tensor] = {}
+        #: The learn steps that measure the watched buffers (and fold them): the measured
+        #: bounds' cadence (``run.measure_every``; every step on CUDA, every 8th on the CPU in
+        #: adaptive mode). Every step is checked against the thresholds in force either way.
+        self.cadence = Cadence(measure_every, "the sentinel's watched thresholds")
         self._scale_index = torch.tensor(
             [state.index(f"{n}_scale")[0] for n in WATCHED], device=self.device
         )
@@ -314,7 +320,10 @@ class Checks:
 
     @torch.no_grad()
     def _measure(self, values: dict[str, Tensor]) -> None:
-        """Hold max |x| of watched buffers (after their check) for this step's fold."""
+        """Hold max |x| of watched buffers (after their check) for this step's fold, on the
+        steps the cadence measures."""
+        if not self.cadence.due:
+            return
         names = [n for n in WATCHED if n in values]
         self._pending.update(zip(names, finite_abs_max([values[n] for n in names]).unbind()))
 
@@ -326,7 +335,8 @@ class Checks:
         gradients that shrink by orders of magnitude as training converges keep the threshold
         of their largest scale; a healthy buffer exceeds it with probability about
         ``FALSE_ALARM_PROB`` per check (the Gumbel model; measured, ≲ 1e-6 on power-law
-        buffers), a 1e30 or a NaN at once."""
+        buffers), a 1e30 or a NaN at once. Ends the step's count of the cadence."""
+        self.cadence.take()
         if not self._pending:
             return
         key = tuple(n for n in WATCHED if n in self._pending)
@@ -350,6 +360,7 @@ class Checks:
     # --- reports ----------------------------------------------------------------------------
     def reset(self) -> None:
         self.watch_ema.reset()
+        self.cadence.reset()
         self.grad_scale.fill_(math.nan)
         self._checks.clear()
         self._pending.clear()
@@ -376,9 +387,11 @@ class Checks:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"watch_ema": self.watch_ema.state_dict(), "grad_scale": self.grad_scale.clone()}
+        return {"watch_ema": self.watch_ema.state_dict(), "grad_scale": self.grad_scale.clone(),
+                "cadence": self.cadence.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.watch_ema.load_state_dict(state["watch_ema"])
+        self.cadence.load(state.get("cadence"))  # a checkpoint from before it: counts from 0
         # a checkpoint from before the slot: unset, raised again by the next step's clip bound
         self.grad_scale.copy_(state.get("grad_scale", torch.full((1,), math.nan)))

@@ -206,7 +206,7 @@ def build_stability(cfg: TrainConfig, n_branches: int, device: torch.device) -> 
     sentinel = Sentinel(device)
     guarded = {"targets": mode == "fixed" or on["target_clamp"], "trunk": on["trunk_clamp"]}
     thresholds = {"targets": "targets_bound", "trunk": "trunk_bound"}
-    checks = Checks(state, sentinel, cfg.run.on_nonfinite, guarded, thresholds)
+    checks = Checks(state, sentinel, cfg.run.on_nonfinite, guarded, thresholds, every)
     v_min, v_max = cfg.agent.v_min, cfg.agent.v_max
     fixed_support = (
         torch.full((n_branches,), v_min, device=device),

@@ -1,7 +1,7 @@
 """Record the manifest of Triton kernel variants that ``run.precompile`` compiles in worker
 processes on a machine's first CUDA run (:mod:`trimtab.kernels.precompile`).
 
-    python benchmarks/tools/record_variants.py [--set KEY=VALUE ...] [--dir DIR]
+    python benchmarks/record_variants.py [--set KEY=VALUE ...] [--out DIR]
 
 Runs the default ``trimtab train --device cuda`` (``--set`` overrides it) in this process, with
 Triton's cache in an empty temporary directory and ``run.precompile = "off"``, so that every
@@ -15,7 +15,6 @@ shows how many variants a first run still compiles itself.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -26,9 +25,10 @@ def main(argv: list[str] | None = None) -> Path:
     if "triton" in sys.modules:
         raise SystemExit("record_variants: Triton is already imported; its cache cannot be moved")
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")  # before Triton
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from trimtab.benchmarking import benchmark_parser
+
+    p = benchmark_parser(__doc__, None, out_help="the manifests' folder (default: the package's)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--dir", type=Path, default=None, help="where to write (default: the package's)")
     args = p.parse_args(argv)
 
     from trimtab.kernels import precompile
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> Path:
         with precompile.record() as entries:
             train(cfg)
     source = "trimtab train --device cuda" + "".join(f" --set {s}" for s in args.sets)
-    path = precompile.write_manifest(entries, source, args.dir or precompile.MANIFESTS)
+    path = precompile.write_manifest(entries, source, args.out or precompile.MANIFESTS)
     total = sum(e["seconds"] for e in entries)
     print(f"{len(entries)} variants ({total:.1f} s of compile) -> {path}")
     return path
