@@ -124,7 +124,8 @@ def test_the_workers_failures_come_back_as_lines_and_leave_no_stamp(
         "_missing1",
         "_missing2",
     ]
-    assert not (tmp_path / "cache").exists()  # no stamp: the next run tries again
+    stamp = precompile._stamp(tmp_path / "triton-9.9.9-cuda-75.json", variants)
+    assert not stamp.exists()  # no stamp: the next run tries again
 
 
 def test_precompile_applies_to_cuda_runs_only() -> None:
@@ -188,3 +189,41 @@ def test_a_precompiled_variant_is_what_the_run_then_loads(tmp_path: Path) -> Non
     assert done["failed"] == [] and done["compiled"] == done["variants"] >= 1
     hits = json.loads(run("launch", "cache_b"))
     assert hits and all(hits), hits
+
+
+def test_a_second_process_waits_for_the_first_instead_of_compiling_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs started together on one machine (--seeds, a sweep) share Triton's cache: while one
+    holds the lock its workers compile, another starts none and waits for it; once the first
+    is done (a stamp written) a later run skips, and after a failed compile the waiter says so."""
+    monkeypatch.setattr(precompile, "_target", lambda: ("9.9.9", "cuda", 75))
+    monkeypatch.setattr(precompile, "_cache_dir", lambda: tmp_path / "cache")
+    variants = [{"kernel": "trimtab.kernels.clamp:_missing", "specialization": "{}",
+                 "seconds": 1.0}]  # fmt: skip
+    (tmp_path / "triton-9.9.9-cuda-75.json").write_text(json.dumps({"variants": variants}))
+    first = precompile.Precompile.start(workers=1, directory=tmp_path)
+    second = precompile.Precompile.start(workers=1, directory=tmp_path)
+    assert first.workers == 1 and second.workers == 0  # the second started no worker
+    assert first.wait()["failed"]  # the first's worker failed: no stamp
+    done = second.wait()  # the lock is free again
+    assert "compiled them with errors" in done["skipped"]
+    # the first compiled cleanly: a stamp, and the next run skips at once
+    stamp = precompile._stamp(tmp_path / "triton-9.9.9-cuda-75.json", variants)
+    stamp.write_text("compiled\n")
+    again = precompile.Precompile.start(workers=1, directory=tmp_path)
+    assert again.workers == 0 and "already compiled" in again.wait()["skipped"]
+
+
+def test_cancel_stops_the_workers_and_frees_the_lock(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(precompile, "_target", lambda: ("9.9.9", "cuda", 75))
+    monkeypatch.setattr(precompile, "_cache_dir", lambda: tmp_path / "cache")
+    variants = [{"kernel": "trimtab.kernels.clamp:_missing", "specialization": "{}"}]
+    (tmp_path / "triton-9.9.9-cuda-75.json").write_text(json.dumps({"variants": variants}))
+    job = precompile.Precompile.start(workers=1, directory=tmp_path)
+    procs = [p for p, _, _ in job.procs]
+    job.cancel()
+    assert all(p.poll() is not None for p in procs) and job.procs == []
+    after = precompile.Precompile.start(workers=1, directory=tmp_path)
+    assert after.workers == 1  # the lock was freed
+    after.wait()

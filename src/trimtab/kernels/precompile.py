@@ -191,6 +191,28 @@ def _stamp(manifest: Path, entries: list[dict[str, Any]]) -> Path:
     return _cache_dir() / "trimtab-precompiled" / h.hexdigest()[:32]
 
 
+def _try_lock(path: Path, block: bool = False) -> Any:
+    """``path`` opened and locked exclusively (``flock``; the open file holds the lock until it
+    is closed, or the process ends); False when another process holds it and ``block`` is
+    False; None where no lock can be taken (a read-only cache, no ``fcntl``): go on unlocked."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = path.open("a")
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return False
+    except OSError:
+        fh.close()
+        return None
+    return fh
+
+
 # --- compiling ---------------------------------------------------------------------------------
 def share(entries: list[dict[str, Any]], workers: int) -> list[list[dict[str, Any]]]:
     """``entries`` dealt to ``workers`` lists, longest recorded compile first, each to the list
@@ -226,6 +248,10 @@ class Precompile:
                                         stderr=fe)  # fmt: skip
             self.procs.append((proc, out, err))
         self.workers = len(self.procs)
+        #: the machine-wide lock held while these workers compile (see :meth:`start`)
+        self._lock: Any = None
+        #: another process holds the lock: the manifest and variants its stamp is made of
+        self._other: tuple[Path, list[dict[str, Any]]] | None = None
 
     @classmethod
     def start(cls, workers: int | None = None, directory: Path = MANIFESTS) -> Precompile:
@@ -236,8 +262,19 @@ class Precompile:
         entries = read_manifest(path) if path is not None else []
         if path is not None and _stamp(path, entries).is_file():
             return cls(None, f"{reason}: already compiled into this machine's Triton cache", [], 1)
+        if path is None:
+            return cls(None, reason, [], 1)
+        # Several runs starting at once on one machine (``--seeds``, a sweep) share Triton's
+        # cache: the first compiles, the others wait for it in :meth:`wait`.
+        lock = _try_lock(_stamp(path, entries).parent / "lock")
+        if lock is False:
+            job = cls(None, f"{reason}: compiled by another process of this machine", [], 1)
+            job._other = (path, entries)
+            return job
         n = workers if workers is not None else (os.cpu_count() or 1)
-        return cls(path, reason, entries, min(max(1, n), max(1, len(entries))))
+        job = cls(path, reason, entries, min(max(1, n), max(1, len(entries))))
+        job._lock = lock
+        return job
 
     def cancel(self) -> None:
         """Stop the workers (the run did not get to use them)."""
@@ -246,11 +283,30 @@ class Precompile:
             proc.wait()
         self.procs = []
         self._tmp.cleanup()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases its flock
+            self._lock = None
 
     def wait(self) -> dict[str, Any]:
         """Wait for every worker; returns ``{"manifest", "variants", "compiled", "failed",
         "workers", "seconds"}`` (``failed``: ``"kernel: error"`` lines), or ``{"skipped":
         reason}`` where no manifest matched."""
+        if self._other is not None:  # wait for the process that holds the lock
+            path, entries = self._other
+            stamp = _stamp(path, entries)
+            held = _try_lock(stamp.parent / "lock", block=True)
+            if held:
+                held.close()
+            if not stamp.is_file():
+                name = self.reason.split(":")[0]
+                self.reason = (
+                    f"{name}: another process of this machine compiled them with errors; "
+                    "this run compiles what is missing"
+                )
+            return {"skipped": self.reason}
         if not self.procs:
             return {"skipped": self.reason}
         compiled, failed = 0, []
@@ -276,6 +332,7 @@ class Precompile:
                 stamp = _stamp(self.manifest, self.entries)
                 stamp.parent.mkdir(parents=True, exist_ok=True)
                 stamp.write_text(self.reason + "\n")
+        self._unlock()
         return {"manifest": self.reason, "variants": len(self.entries), "compiled": compiled,
                 "failed": failed, "workers": self.workers,
                 "seconds": round(time.perf_counter() - self.started, 2)}  # fmt: skip
