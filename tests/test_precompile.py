@@ -136,6 +136,13 @@ def test_precompile_applies_to_cuda_runs_only() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(
+    strict=True,
+    reason="on an H100 (Triton 3.6) one of the variants the workers compiled was not a cache hit "
+    "for the launching process, as 3 of the default run's 19 were (the estimator update, the "
+    "optimizer's finalize): benchmarks/experiments/probe_precompile.py names the differing part "
+    "of the key; strict, so the fix shows as an unexpected pass",
+)
 def test_a_precompiled_variant_is_what_the_run_then_loads(tmp_path: Path) -> None:
     """Record a kernel's variants in one process, precompile them into an empty cache from
     worker processes, then launch the kernel in a third process: every variant it needs is a

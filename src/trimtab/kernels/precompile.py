@@ -236,10 +236,12 @@ class Precompile:
                  workers: int) -> None:  # fmt: skip
         self.manifest, self.reason, self.entries = manifest, reason, entries
         self.started = time.perf_counter()
-        self._tmp = tempfile.TemporaryDirectory(prefix="trimtab-precompile-")
+        # the workers' shares and outputs (none where nothing is to compile)
+        self._tmp = tempfile.TemporaryDirectory(prefix="trimtab-precompile-") if entries else None
         self.procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
-        for i, part in enumerate(share(entries, workers) if entries else []):
-            work = Path(self._tmp.name) / f"{i}.json"
+        folder = Path(self._tmp.name) if self._tmp is not None else None
+        for i, part in enumerate(share(entries, workers) if folder is not None else []):
+            work = folder / f"{i}.json"
             work.write_text(json.dumps(part))
             out, err = work.with_suffix(".out"), work.with_suffix(".err")
             with out.open("wb") as fo, err.open("wb") as fe:
@@ -250,8 +252,9 @@ class Precompile:
         self.workers = len(self.procs)
         #: the machine-wide lock held while these workers compile (see :meth:`start`)
         self._lock: Any = None
-        #: another process holds the lock: the manifest and variants its stamp is made of
-        self._other: tuple[Path, list[dict[str, Any]]] | None = None
+        #: another process holds the lock: the manifest (its name) and variants its stamp is
+        #: made of
+        self._other: tuple[Path, str, list[dict[str, Any]]] | None = None
 
     @classmethod
     def start(cls, workers: int | None = None, directory: Path = MANIFESTS) -> Precompile:
@@ -269,7 +272,7 @@ class Precompile:
         lock = _try_lock(_stamp(path, entries).parent / "lock")
         if lock is False:
             job = cls(None, f"{reason}: compiled by another process of this machine", [], 1)
-            job._other = (path, entries)
+            job._other = (path, reason, entries)
             return job
         n = workers if workers is not None else (os.cpu_count() or 1)
         job = cls(path, reason, entries, min(max(1, n), max(1, len(entries))))
@@ -282,7 +285,13 @@ class Precompile:
             proc.kill()
             proc.wait()
         self.procs = []
-        self._tmp.cleanup()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        """Remove the shares' folder and release the lock (after the workers, or instead)."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
         self._unlock()
 
     def _unlock(self) -> None:
@@ -293,21 +302,20 @@ class Precompile:
     def wait(self) -> dict[str, Any]:
         """Wait for every worker; returns ``{"manifest", "variants", "compiled", "failed",
         "workers", "seconds"}`` (``failed``: ``"kernel: error"`` lines), or ``{"skipped":
-        reason}`` where no manifest matched."""
+        reason}`` where no manifest matched, the cache held it, or another process of this
+        machine compiled it (waited for here: until it releases the lock)."""
         if self._other is not None:  # wait for the process that holds the lock
-            path, entries = self._other
+            path, name, entries = self._other
             stamp = _stamp(path, entries)
             held = _try_lock(stamp.parent / "lock", block=True)
             if held:
                 held.close()
             if not stamp.is_file():
-                name = self.reason.split(":")[0]
-                self.reason = (
-                    f"{name}: another process of this machine compiled them with errors; "
-                    "this run compiles what is missing"
-                )
+                self.reason = (f"{name}: another process of this machine compiled them with "
+                               "errors; this run compiles what is missing")  # fmt: skip
             return {"skipped": self.reason}
         if not self.procs:
+            self._cleanup()
             return {"skipped": self.reason}
         compiled, failed = 0, []
         for proc, out, err in self.procs:
@@ -326,13 +334,12 @@ class Precompile:
                 else:
                     compiled += 1
         self.procs = []
-        self._tmp.cleanup()
         if not failed and self.manifest is not None:  # the next run skips the workers
             with contextlib.suppress(OSError):
                 stamp = _stamp(self.manifest, self.entries)
                 stamp.parent.mkdir(parents=True, exist_ok=True)
                 stamp.write_text(self.reason + "\n")
-        self._unlock()
+        self._cleanup()  # the stamp first: a waiting process reads it once the lock is free
         return {"manifest": self.reason, "variants": len(self.entries), "compiled": compiled,
                 "failed": failed, "workers": self.workers,
                 "seconds": round(time.perf_counter() - self.started, 2)}  # fmt: skip
