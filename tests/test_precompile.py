@@ -4,6 +4,7 @@ reports, and on the GPU that a precompiled variant is what the run's JIT then lo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -234,3 +235,20 @@ def test_cancel_stops_the_workers_and_frees_the_lock(tmp_path: Path, monkeypatch
     after = precompile.Precompile.start(workers=1, directory=tmp_path)
     assert after.workers == 1  # the lock was freed
     after.wait()
+
+
+def test_a_precompile_that_cannot_start_warns_and_the_run_goes_on(monkeypatch, capsys) -> None:
+    """A speed-up only: a broken manifest (or Triton's driver) gives a warning, never an error."""
+    import trimtab.rl.run.runner as runner
+
+    def broken(*args, **kwargs):
+        raise ValueError("manifest.json: not a readable manifest")
+
+    monkeypatch.setattr(precompile.Precompile, "start", classmethod(broken))
+    monkeypatch.setattr(runner, "triton_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    cfg = TrainConfig()
+    assert runner.start_precompile(cfg, torch.device("cuda")) is None
+    err = capsys.readouterr().err
+    assert "precompile did not start (ValueError: manifest.json" in err
+    assert "compiles its kernels as it launches them" in err

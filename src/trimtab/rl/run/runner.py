@@ -73,8 +73,14 @@ def start_precompile(cfg: TrainConfig, device: torch.device) -> Precompile | Non
         return None
     from trimtab.kernels.precompile import Precompile
 
-    with torch.cuda.device(device):
-        return Precompile.start()
+    try:
+        with torch.cuda.device(device):
+            return Precompile.start()
+    except Exception as e:  # a speed-up only: the run compiles as it launches instead
+        why = f"{type(e).__name__}: {e}"
+        print(f"warning: the kernel precompile did not start ({why}); the run compiles its "
+              "kernels as it launches them", file=sys.stderr, flush=True)  # fmt: skip
+        return None
 
 
 def finish_precompile(compiling: Precompile | None, show: bool) -> dict[str, Any] | None:
