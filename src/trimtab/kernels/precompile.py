@@ -232,15 +232,27 @@ class Precompile:
     awaited by :meth:`wait`. Never fails the run: a worker's error is reported, and the run
     compiles what did not land in the cache."""
 
-    def __init__(self, manifest: Path | None, reason: str, entries: list[dict[str, Any]],
-                 workers: int) -> None:  # fmt: skip
-        self.manifest, self.reason, self.entries = manifest, reason, entries
+    def __init__(
+        self,
+        reason: str,
+        entries: list[dict[str, Any]] | None = None,
+        workers: int = 1,
+        *,
+        stamp: Path | None = None,
+        lock: Any = None,
+        waits: str | None = None,
+    ) -> None:
+        self.reason, self.entries = reason, entries or []
+        #: the cache's file that says the manifest is compiled: written once these workers
+        #: compiled it cleanly, or (``waits``: the manifest's name) the one the process holding
+        #: the lock writes
+        self.stamp, self._lock, self._waits = stamp, lock, waits
         self.started = time.perf_counter()
         # the workers' shares and outputs (none where nothing is to compile)
         self._tmp = tempfile.TemporaryDirectory(prefix="trimtab-precompile-") if entries else None
         self.procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
         folder = Path(self._tmp.name) if self._tmp is not None else None
-        for i, part in enumerate(share(entries, workers) if folder is not None else []):
+        for i, part in enumerate(share(self.entries, workers) if folder is not None else []):
             work = folder / f"{i}.json"
             work.write_text(json.dumps(part))
             out, err = work.with_suffix(".out"), work.with_suffix(".err")
@@ -250,11 +262,6 @@ class Precompile:
                                         stderr=fe)  # fmt: skip
             self.procs.append((proc, out, err))
         self.workers = len(self.procs)
-        #: the machine-wide lock held while these workers compile (see :meth:`start`)
-        self._lock: Any = None
-        #: another process holds the lock: the manifest (its name) and variants its stamp is
-        #: made of
-        self._other: tuple[Path, str, list[dict[str, Any]]] | None = None
 
     @classmethod
     def start(cls, workers: int | None = None, directory: Path = MANIFESTS) -> Precompile:
@@ -262,22 +269,20 @@ class Precompile:
         Triton cache does not hold it yet) in ``workers`` processes (default: one per CPU, at
         most one per variant)."""
         path, reason = manifest_for(directory)
-        entries = read_manifest(path) if path is not None else []
-        if path is not None and _stamp(path, entries).is_file():
-            return cls(None, f"{reason}: already compiled into this machine's Triton cache", [], 1)
         if path is None:
-            return cls(None, reason, [], 1)
+            return cls(reason)
+        entries = read_manifest(path)
+        stamp = _stamp(path, entries)
+        if stamp.is_file():
+            return cls(f"{reason}: already compiled into this machine's Triton cache")
         # Several runs starting at once on one machine (``--seeds``, a sweep) share Triton's
         # cache: the first compiles, the others wait for it in :meth:`wait`.
-        lock = _try_lock(_stamp(path, entries).parent / "lock")
+        lock = _try_lock(stamp.parent / "lock")
         if lock is False:
-            job = cls(None, f"{reason}: compiled by another process of this machine", [], 1)
-            job._other = (path, reason, entries)
-            return job
+            return cls(f"{reason}: compiled by another process of this machine", stamp=stamp,
+                       waits=reason)  # fmt: skip
         n = workers if workers is not None else (os.cpu_count() or 1)
-        job = cls(path, reason, entries, min(max(1, n), max(1, len(entries))))
-        job._lock = lock
-        return job
+        return cls(reason, entries, min(max(1, n), len(entries)), stamp=stamp, lock=lock)
 
     def cancel(self) -> None:
         """Stop the workers (the run did not get to use them)."""
@@ -304,15 +309,13 @@ class Precompile:
         "workers", "seconds"}`` (``failed``: ``"kernel: error"`` lines), or ``{"skipped":
         reason}`` where no manifest matched, the cache held it, or another process of this
         machine compiled it (waited for here: until it releases the lock)."""
-        if self._other is not None:  # wait for the process that holds the lock
-            path, name, entries = self._other
-            stamp = _stamp(path, entries)
-            held = _try_lock(stamp.parent / "lock", block=True)
+        if self._waits and self.stamp is not None:  # wait for the process holding the lock
+            held = _try_lock(self.stamp.parent / "lock", block=True)
             if held:
                 held.close()
-            if not stamp.is_file():
-                self.reason = (f"{name}: another process of this machine compiled them with "
-                               "errors; this run compiles what is missing")  # fmt: skip
+            if not self.stamp.is_file():
+                self.reason = (f"{self._waits}: another process of this machine compiled them "
+                               "with errors; this run compiles what is missing")  # fmt: skip
             return {"skipped": self.reason}
         if not self.procs:
             self._cleanup()
@@ -334,11 +337,10 @@ class Precompile:
                 else:
                     compiled += 1
         self.procs = []
-        if not failed and self.manifest is not None:  # the next run skips the workers
+        if not failed and self.stamp is not None:  # the next run skips the workers
             with contextlib.suppress(OSError):
-                stamp = _stamp(self.manifest, self.entries)
-                stamp.parent.mkdir(parents=True, exist_ok=True)
-                stamp.write_text(self.reason + "\n")
+                self.stamp.parent.mkdir(parents=True, exist_ok=True)
+                self.stamp.write_text(self.reason + "\n")
         self._cleanup()  # the stamp first: a waiting process reads it once the lock is free
         return {"manifest": self.reason, "variants": len(self.entries), "compiled": compiled,
                 "failed": failed, "workers": self.workers,
