@@ -15,17 +15,14 @@ shows how many variants a first run still compiles itself.
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> Path:
-    if "triton" in sys.modules:
-        raise SystemExit("record_variants: Triton is already imported; its cache cannot be moved")
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")  # before Triton
-    from trimtab.benchmarking import benchmark_parser
+    from trimtab.benchmarking import benchmark_parser, own_triton_cache
+
+    own_triton_cache("record_variants")  # an empty one, before anything imports Triton
 
     p = benchmark_parser(__doc__, None, out_help="the manifests' folder (default: the package's)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")

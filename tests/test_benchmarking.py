@@ -8,6 +8,7 @@ import json
 import math
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,20 @@ def test_benchmarks_use_the_shared_helper_and_sit_in_their_folders() -> None:
         text = p.read_text()
         assert "argparse.ArgumentParser(" not in text, f"{p.name}: use benchmark_parser"
         assert '"|---' not in text and "'|---" not in text, f"{p.name}: use markdown_table"
+
+
+def test_own_triton_cache_moves_the_cache_or_refuses_once_triton_is_imported(
+    tmp_path, monkeypatch
+) -> None:
+    from trimtab.benchmarking import own_triton_cache
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))  # restored afterwards
+    assert own_triton_cache("probe", tmp_path / "given") == tmp_path / "given"
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "given")
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton", object()))
+    with pytest.raises(SystemExit, match="probe: Triton is already imported"):
+        own_triton_cache("probe")
+    monkeypatch.delitem(sys.modules, "triton")
+    fresh = own_triton_cache("probe")
+    assert fresh.is_dir() and not any(fresh.iterdir())
+    assert os.environ["TRITON_CACHE_DIR"] == str(fresh)

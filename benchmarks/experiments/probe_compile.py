@@ -13,7 +13,6 @@ time; ``--out`` adds a JSON record (machine, date, commit).
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -22,21 +21,13 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    # --cache, read before the parser (whose module imports torch, and with it maybe Triton)
-    words = list(sys.argv[1:] if argv is None else argv)
-    given = [w.split("=", 1)[1] for w in words if w.startswith("--cache=")]
-    given += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--cache"]
-    if "triton" in sys.modules and not given:
-        raise SystemExit("probe_compile: Triton is already imported; its cache cannot be moved")
-    cache = Path(given[-1]) if given else Path(tempfile.mkdtemp(prefix="triton-cache-"))
-    os.environ["TRITON_CACHE_DIR"] = str(cache)  # before anything imports Triton
-
-    from trimtab.benchmarking import benchmark_parser, provenance, save_record
+    from trimtab.benchmarking import benchmark_parser, own_triton_cache, provenance, save_record
 
     p = benchmark_parser(__doc__, None, device="cuda", key=True, out_help="JSON to add a record to")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--cache", type=Path, default=None, help="Triton cache (default: empty temp)")
     args = p.parse_args(argv)
+    own_triton_cache("probe_compile", args.cache)  # before anything imports Triton
 
     import triton
 

@@ -14,7 +14,6 @@ under each compiled one, the differing key parts; ``--out`` also writes them as 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,10 +21,9 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> None:
-    if "triton" in sys.modules:
-        raise SystemExit("probe_precompile: Triton is already imported; its cache cannot be moved")
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")  # before Triton
-    from trimtab.benchmarking import benchmark_parser
+    from trimtab.benchmarking import benchmark_parser, own_triton_cache
+
+    own_triton_cache("probe_precompile")  # an empty one, before anything imports Triton
 
     p = benchmark_parser(__doc__, None, out_help="a JSON file for the lines printed")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")

@@ -1,7 +1,7 @@
 """What every benchmark shares: which commit, machine, versions and date a figure came from
 (provenance), the results file it writes (write_json) or adds a named record to (save_record),
-its command line's common options (benchmark_parser) and the markdown table it prints
-(markdown_table).
+its command line's common options (benchmark_parser), the markdown table it prints
+(markdown_table), and an empty Triton cache for a first-run measurement (own_triton_cache).
 
 The device machine receives a copy of the working tree without ``.git``; the caller passes
 the commit there as ``TRIMTAB_COMMIT`` (``benchmarks/tools/gpu_tier.sh`` does).
@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -66,6 +67,18 @@ def provenance(device: torch.device | str | None = None) -> dict[str, Any]:
         "triton": triton_version,
         "device_name": name,
     }
+
+
+def own_triton_cache(script: str, cache: Path | None = None) -> Path:
+    """Point Triton's kernel cache (``TRITON_CACHE_DIR``) at ``cache``, or at a new empty
+    folder, as on a machine's first run; returns it. Triton reads the variable when it is
+    imported, so a script calls this first (importing this module imports no Triton): without
+    ``cache``, a Triton already imported is a ``SystemExit`` naming ``script``."""
+    if "triton" in sys.modules and cache is None:
+        raise SystemExit(f"{script}: Triton is already imported; its cache cannot be moved")
+    path = cache if cache is not None else Path(tempfile.mkdtemp(prefix="triton-cache-"))
+    os.environ["TRITON_CACHE_DIR"] = str(path)
+    return path
 
 
 def record_key(record: Mapping[str, Any]) -> str:
