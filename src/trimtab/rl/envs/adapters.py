@@ -257,19 +257,31 @@ class GymAdapter:
         return None
 
     def evaluate(self, agent: Any, k: int) -> tuple[dict[str, Any], None]:
-        """Undiscounted returns of ``gym.eval_episodes`` greedy episodes on a fresh env."""
-        env = make_gym_env(self.env_id)
-        returns = []
-        for ep in range(self.cfg.gym.eval_episodes):
-            obs, _ = env.reset(seed=10_000 + self.cfg.run.seed + ep)
-            total, done = 0.0, False
-            while not done:
-                a = self._env_actions(agent.act(self._obs([obs]), 0, greedy=True))[0]
-                obs, r, term, trunc, _ = env.step(a)
-                total += float(r)
-                done = term or trunc
-            returns.append(total)
-        env.close()
+        """Undiscounted returns of ``gym.eval_episodes`` greedy episodes, episode ``i`` on a
+        fresh env reset with seed ``10_000 + run.seed + i``. The episodes run side by side: one
+        batched greedy action per step for the envs whose episode has not ended (each env plays
+        exactly its one episode), so the agent acts once per step of the longest episode, not
+        once per env step of all of them."""
+        n = self.cfg.gym.eval_episodes
+        envs = [make_gym_env(self.env_id) for _ in range(n)]
+        try:
+            obs = [env.reset(seed=10_000 + self.cfg.run.seed + i)[0] for i, env in enumerate(envs)]
+            totals, running = [0.0] * n, list(range(n))
+            while running:
+                actions = self._env_actions(
+                    agent.act(self._obs([obs[i] for i in running]), 0, greedy=True)
+                )
+                still = []
+                for i, a in zip(running, actions, strict=True):
+                    obs[i], r, term, trunc, _ = envs[i].step(a)
+                    totals[i] += float(r)
+                    if not (term or trunc):
+                        still.append(i)
+                running = still
+        finally:
+            for env in envs:
+                env.close()
+        returns = np.asarray(totals)
         recent = list(self.finished)
         row = {"fold": k, "episodes": len(returns), "mean_return": float(np.mean(returns)),
                "std_return": float(np.std(returns)), "min_return": float(np.min(returns)),
