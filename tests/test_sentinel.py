@@ -104,6 +104,28 @@ def test_kernel_matches_reference_over_steps(kernel_device, grouped):
     assert all(spans) if grouped else not all(spans)  # both reference paths were compared
 
 
+@pytest.mark.parametrize("offset", [0, 1, 2, 3, 4])
+def test_kernel_reads_whole_blocks_at_any_address(kernel_device, offset):
+    """The kernel reads a whole block at a 16-byte aligned address in vector loads and every
+    other block element by element: views starting 0-4 floats into their storage (aligned at 0
+    and 4), each with a NaN, an Inf and a large value in a whole block, fire as the reference's."""
+    gen = torch.Generator().manual_seed(offset)
+    sentinels = [Sentinel(kernel_device, impl=impl) for impl in IMPLS]
+    views = []
+    for i, dtype in enumerate(DTYPES):
+        x = (torch.randn(offset + 300, generator=gen)).to(dtype).to(kernel_device)[offset:]
+        assert (x.data_ptr() % 16 == 0) == (offset * x.element_size() % 16 == 0)
+        x[64 + 3 * i] = (math.nan, math.inf, 1e4, -math.inf)[i]  # in the second block of 64
+        views.append(x)
+    for s in sentinels:
+        for i, x in enumerate(views):
+            s.add(f"v{i}", x, Rule.above(torch.tensor([5.0], device=kernel_device)))
+        s.check()
+    assert_same_state(*sentinels)
+    kinds = {f.name: f.kind for f in sentinels[1].report()}
+    assert kinds == {"v0": "nan", "v1": "inf", "v2": "threshold", "v3": "inf"}
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_first_firing_is_sticky_and_ordered(impl, kernel_device):
     s = Sentinel(kernel_device, impl=impl)
