@@ -97,7 +97,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{env:8} n_envs {n:5d} {mode:8} "
                   + (f"{rate:12,.0f} env steps/s, {row['updates_per_s']:7.1f} updates/s"
                      if rate else f"error: {row['error'][-300:]}"), flush=True)  # fmt: skip
-    for r in rows:  # the same loop with stability off, measured in this invocation
+            save(args, argv, rows)  # after every row: a run cut short keeps what it measured
+    return save(args, argv, rows)
+
+
+def save(args: Any, argv: list[str] | None, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record of the rows so far, each beside the same loop with stability off measured in
+    this invocation (``rate_vs_off``), written to ``--out`` when given."""
+    for r in rows:
         off = next((o for o in rows if o["env"] == r["env"] and o["n_envs"] == r["n_envs"]
                     and o["mode"] == "off" and "env_steps_per_s" in o), None)  # fmt: skip
         if off is not None and "env_steps_per_s" in r:

@@ -45,6 +45,7 @@ __all__ = [
     "read_manifest",
     "record",
     "resolve_kernel",
+    "settle_keys",
     "write_manifest",
 ]
 
@@ -168,6 +169,45 @@ def resolve_kernel(name: str) -> Any:
     return obj
 
 
+def settle_keys(kernels: list[Any]) -> None:
+    """Compute the cache keys of ``kernels`` and of every jit function their modules reach,
+    the same whatever was keyed before in this process.
+
+    A kernel's key in Triton's cache hashes the global constants of the jit functions it calls.
+    Triton 3.6 takes a callee's constants into the caller's key only when the callee's own key
+    already exists, so a kernel keyed before its helpers (their first use came through it) gets
+    another key than one keyed after them: a worker that compiles the helpers' kernels in
+    another order than the run writes entries the run never looks up. Here every key is
+    recomputed until none changes: each function then holds the constants of every callee,
+    as later Triton versions compute them at once (where the keys never change, two passes).
+    """
+    from triton.runtime.jit import JITFunction
+
+    fns: dict[int, Any] = {}
+    seen: set[int] = set()
+    todo = [k.fn.__globals__ for k in kernels]
+    while todo:
+        scope = todo.pop()
+        if id(scope) in seen:
+            continue
+        seen.add(id(scope))
+        for value in list(scope.values()):
+            if isinstance(value, JITFunction) and id(value) not in fns:
+                fns[id(value)] = value
+                todo.append(value.fn.__globals__)
+    ordered = sorted(fns.values(), key=lambda f: (f.fn.__module__, f.fn.__qualname__))
+    if not all(hasattr(f, "hash") for f in ordered):  # a Triton that keys otherwise
+        return
+    previous: list[str] | None = None
+    for _ in range(len(ordered) + 2):  # each pass completes one more level of calls
+        for f in ordered:
+            f.hash = None
+        keys = [f.cache_key for f in ordered]
+        if keys == previous:
+            return
+        previous = keys
+
+
 def _cache_dir() -> Path:
     """Triton's on-disk kernel cache (``TRITON_CACHE_DIR``, default ``~/.triton/cache``)."""
     import triton
@@ -183,7 +223,10 @@ def _stamp(manifest: Path, entries: list[dict[str, Any]]) -> Path:
     of the manifest and of the source of every kernel it names (a changed kernel compiles
     again)."""
     h = hashlib.sha256(manifest.read_bytes())
-    for name in sorted({e["kernel"] for e in entries}):
+    names = sorted({e["kernel"] for e in entries})
+    with contextlib.suppress(Exception):  # a missing kernel is hashed as missing below
+        settle_keys([resolve_kernel(name) for name in names])
+    for name in names:
         try:
             h.update(resolve_kernel(name).cache_key.encode())
         except Exception:  # a kernel the manifest names is gone: no stamp can hold
@@ -349,8 +392,11 @@ class Precompile:
 
 def _compile_share(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A worker's part: each variant compiled through its kernel's ``preload`` (into the disk
-    cache); an error is returned with its variant, never raised."""
+    cache); an error is returned with its variant, never raised. The keys are settled first
+    (:func:`settle_keys`), as the run settles them before its first launch."""
     out = []
+    with contextlib.suppress(Exception):  # a kernel that does not resolve fails below
+        settle_keys([resolve_kernel(name) for name in sorted({e["kernel"] for e in entries})])
     for e in entries:
         t0 = time.perf_counter()
         try:
