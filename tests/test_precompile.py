@@ -250,6 +250,43 @@ def test_a_precompile_that_cannot_start_warns_and_the_run_goes_on(monkeypatch, c
     assert "compiles its kernels as it launches them" in err
 
 
+@pytest.mark.parametrize("fails", ["adapter", "memory"])
+def test_a_run_that_fails_before_it_starts_cancels_the_precompile(tmp_path, monkeypatch, fails):
+    """An error while the run sets up (its data, its memory check) stops the workers, closes
+    what was opened, and leaves no run directory."""
+    import trimtab.rl.run.runner as runner
+
+    events: list[str] = []
+
+    class Job:
+        def cancel(self) -> None:
+            events.append("cancel")
+
+    class Adapter:
+        def summary(self, rows):
+            return {}
+
+        def close(self) -> None:
+            events.append("close")
+
+    def adapter(cfg, device):
+        if fails == "adapter":
+            raise ValueError("data.csv: not a price file")
+        return Adapter()
+
+    def memory(cfg, adapter, device):
+        raise ValueError("does not fit")
+
+    monkeypatch.setattr(runner, "start_precompile", lambda cfg, device: Job())
+    monkeypatch.setattr(runner, "make_adapter", adapter)
+    monkeypatch.setattr(runner, "check_memory", memory)
+    cfg = TrainConfig(run=RunConfig(out=str(tmp_path / "run")))
+    with pytest.raises(ValueError, match="not a price file" if fails == "adapter" else "fit"):
+        runner.train(cfg)
+    assert events == (["cancel"] if fails == "adapter" else ["close", "cancel"])
+    assert not (tmp_path / "run").exists()
+
+
 def _merge_before_keying(self, func) -> None:  # type: ignore[no-untyped-def]
     """Triton 3.6's DependenciesFinder._update_hash: a callee's globals are merged before its
     key is computed, so a callee keyed for the first time through its caller adds none."""

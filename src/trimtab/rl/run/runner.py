@@ -8,6 +8,7 @@ once; every learning step goes through :mod:`trimtab.rl.agent.learner`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -128,28 +129,22 @@ def train(
     entered = time.perf_counter()  # summary["timings"]: where a run's wall time goes
     device = resolve_device(cfg.run.device)
     torch.set_num_threads(cfg.run.threads)
-    # a machine's first CUDA run: the kernels compile in worker processes while it sets up
-    compiling = start_precompile(cfg, device)
-    try:
-        adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
-    except BaseException:
+    with contextlib.ExitStack() as undo:  # what a failure before the run starts undoes
+        # a machine's first CUDA run: the kernels compile in worker processes while it sets up
+        compiling = start_precompile(cfg, device)
         if compiling is not None:
-            compiling.cancel()
-        raise
-    for warning in adapter.summary([]).get("data_warnings", []):
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    try:
+            undo.callback(compiling.cancel)
+        adapter = make_adapter(cfg, device)  # bad data or env id: an error before any run dir
+        undo.callback(adapter.close)
+        for warning in adapter.summary([]).get("data_warnings", []):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         # a config that cannot fit: one line with the estimate, before any run dir
         parts = check_memory(cfg, adapter, device)
         # locked until this run ends (several processes: by rank 0)
         run_dir, lock = (
             prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
         )
-    except BaseException:  # no run to close it at its end
-        adapter.close()
-        if compiling is not None:
-            compiling.cancel()
-        raise
+        undo.pop_all()  # the run has started: its own ``finally`` closes the adapter and lock
     try:
         precompiled = finish_precompile(compiling, cfg.run.progress)
         return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks,
