@@ -325,3 +325,20 @@ def test_settled_keys_do_not_depend_on_what_was_keyed_first(monkeypatch, order) 
     assert settled[0] == settled[1]
     assert settled[0][2] == helpers_first["kernel_a"]  # the key with every callee's globals
     fresh()
+
+
+def test_a_kernel_that_is_gone_leaves_the_others_keys_settled(monkeypatch) -> None:
+    """The stamp and the workers settle the kernels that resolve even where the manifest also
+    names one that does not (it is reported where it is used, as missing)."""
+    from triton.runtime import jit
+
+    jc = pytest.importorskip("tests._jit_chain")
+    monkeypatch.setattr(jit.DependenciesFinder, "_update_hash", _merge_before_keying)
+    for f in jc.FUNCTIONS:
+        f.hash, f.used_global_vals = None, {}
+    entries = [{"kernel": "tests._jit_chain:kernel_a"}, {"kernel": "trimtab.kernels.gone:k"}]
+    kernels = precompile._settled(entries)
+    assert kernels == {"tests._jit_chain:kernel_a": jc.kernel_a, "trimtab.kernels.gone:k": None}
+    assert {n for n, _ in jc.kernel_a.used_global_vals} == {"SCALE", "SHIFT"}
+    for f in jc.FUNCTIONS:
+        f.hash, f.used_global_vals = None, {}

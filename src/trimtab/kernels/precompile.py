@@ -208,6 +208,21 @@ def settle_keys(kernels: list[Any]) -> None:
         previous = keys
 
 
+def _settled(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The kernels ``entries`` name (sorted by name; None for one that does not resolve), their
+    keys settled (:func:`settle_keys`) together: a kernel that is gone leaves the others'
+    keys settled. Never raises: a key left unsettled only costs a cache miss."""
+    kernels: dict[str, Any] = {}
+    for name in sorted({e["kernel"] for e in entries}):
+        try:
+            kernels[name] = resolve_kernel(name)
+        except Exception:  # reported where it is used (the stamp, the worker's line)
+            kernels[name] = None
+    with contextlib.suppress(Exception):
+        settle_keys([k for k in kernels.values() if k is not None])
+    return kernels
+
+
 def _cache_dir() -> Path:
     """Triton's on-disk kernel cache (``TRITON_CACHE_DIR``, default ``~/.triton/cache``)."""
     import triton
@@ -223,14 +238,12 @@ def _stamp(manifest: Path, entries: list[dict[str, Any]]) -> Path:
     of the manifest and of the source of every kernel it names (a changed kernel compiles
     again)."""
     h = hashlib.sha256(manifest.read_bytes())
-    names = sorted({e["kernel"] for e in entries})
-    with contextlib.suppress(Exception):  # a missing kernel is hashed as missing below
-        settle_keys([resolve_kernel(name) for name in names])
-    for name in names:
-        try:
-            h.update(resolve_kernel(name).cache_key.encode())
-        except Exception:  # a kernel the manifest names is gone: no stamp can hold
-            h.update(f"missing {name}".encode())
+    for name, kernel in _settled(entries).items():
+        key = None
+        if kernel is not None:
+            with contextlib.suppress(Exception):
+                key = kernel.cache_key
+        h.update((key or f"missing {name}").encode())  # a kernel gone: no stamp can hold
     return _cache_dir() / "trimtab-precompiled" / h.hexdigest()[:32]
 
 
@@ -395,8 +408,7 @@ def _compile_share(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cache); an error is returned with its variant, never raised. The keys are settled first
     (:func:`settle_keys`), as the run settles them before its first launch."""
     out = []
-    with contextlib.suppress(Exception):  # a kernel that does not resolve fails below
-        settle_keys([resolve_kernel(name) for name in sorted({e["kernel"] for e in entries})])
+    _settled(entries)
     for e in entries:
         t0 = time.perf_counter()
         try:
