@@ -48,6 +48,14 @@ KIND_NAN, KIND_INF, KIND_THRESHOLD = 1, 2, 3
 
 
 @triton.jit
+def _fold_tile(x, nan, acc, ACC: tl.constexpr):
+    """``(nan, acc)`` with one loaded tile ``x`` folded in: any NaN, max |x| of the others."""
+    a = tl.abs(x.to(ACC))
+    isnan = a != a
+    return tl.maximum(nan, isnan.to(tl.int32)), tl.maximum(acc, tl.where(isnan, 0.0, a))
+
+
+@triton.jit
 def _abs_partial(base, start, n, DTYPE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
                  TILE: tl.constexpr):  # fmt: skip
     """(any NaN as int32, max |x| over the non-NaN elements as float64) of the ``DTYPE``
@@ -59,18 +67,12 @@ def _abs_partial(base, start, n, DTYPE: tl.constexpr, ACC: tl.constexpr, BLOCK: 
     if (start + BLOCK <= n) & (base % 16 == 0):
         ptr = tl.multiple_of(base.to(tl.pointer_type(DTYPE)), 16) + start
         for off in tl.static_range(0, BLOCK, TILE):
-            a = tl.abs(tl.load(ptr + off + tl.arange(0, TILE)).to(ACC))
-            isnan = a != a
-            nan = tl.maximum(nan, isnan.to(tl.int32))
-            acc = tl.maximum(acc, tl.where(isnan, 0.0, a))
+            nan, acc = _fold_tile(tl.load(ptr + off + tl.arange(0, TILE)), nan, acc, ACC)
     else:
         ptr = base.to(tl.pointer_type(DTYPE))
         for off in tl.static_range(0, BLOCK, TILE):
             idx = start + off + tl.arange(0, TILE)
-            a = tl.abs(tl.load(ptr + idx, mask=idx < n, other=0.0).to(ACC))
-            isnan = a != a
-            nan = tl.maximum(nan, isnan.to(tl.int32))
-            acc = tl.maximum(acc, tl.where(isnan, 0.0, a))
+            nan, acc = _fold_tile(tl.load(ptr + idx, mask=idx < n, other=0.0), nan, acc, ACC)
     return tl.max(nan, axis=0), tl.max(acc, axis=0).to(tl.float64)
 
 
