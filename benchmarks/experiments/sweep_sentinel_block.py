@@ -9,7 +9,6 @@ Each shape compiles its own variant of the check kernel (a few seconds each).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_sentinel import make_tensors, time_cuda_graph
 from trimtab import Sentinel
-from trimtab.benchmarking import provenance
+from trimtab.benchmarking import benchmark_parser, provenance, write_json
 from trimtab.kernels import sentinel as ks
 from trimtab.sentinel import Rule
 
@@ -27,8 +26,8 @@ SHAPES = [(16384, 2048, 4), (16384, 2048, 8), (16384, 1024, 4), (8192, 1024, 4),
           (32768, 4096, 8), (16384, 4096, 8), (4096, 1024, 4), (8192, 1024, 8)]  # fmt: skip
 
 
-def main() -> None:
-    out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else None
+def main(argv: list[str] | None = None) -> None:
+    args = benchmark_parser(__doc__, None, out_help="a JSON file for the times").parse_args(argv)
     dev = torch.device("cuda")
     ts = make_tensors(1, dev)
     nbytes = sum(t.numel() * 4 for t in ts)
@@ -48,8 +47,8 @@ def main() -> None:
         assert not s.report()
     for name, ms in rows.items():
         print(f"{name:45} {ms:.4f} ms  {nbytes / ms / 1e6:7.0f} GB/s", flush=True)
-    if out is not None:
-        out.write_text(json.dumps({**provenance("cuda"), "ms": rows, "bytes": nbytes}, indent=1))
+    if args.out is not None:
+        write_json(args.out, {**provenance("cuda"), "ms": rows, "bytes": nbytes})
 
 
 if __name__ == "__main__":
