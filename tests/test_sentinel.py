@@ -424,3 +424,26 @@ def test_quiet_cpu_checks_skip_nothing(monkeypatch):
         monkeypatch.setattr(ss, "fires_on_host", host_rule)
         assert_same_state(quick, full)
     assert len(full.report()) > 2
+
+
+def test_host_abs_max_is_the_reference():
+    """The CPU's NumPy read of max |x| (the quiet check's fast path) gives
+    :func:`abs_max_reference`'s value for every dtype NumPy has, on NaN, ±Inf, empty, huge,
+    subnormal and strided tensors, and declines bfloat16 and non-CPU tensors."""
+    from trimtab.sentinel_state import abs_max_host, abs_max_reference
+
+    gen = torch.Generator().manual_seed(5)
+    cases = []
+    for dtype in (torch.float16, torch.float32, torch.float64):
+        for special in (None, math.nan, math.inf, -math.inf, 6e4, 1e-40, -0.0):
+            x = torch.randn(7, 5, generator=gen).to(dtype)
+            if special is not None:
+                x[3, 2] = special
+            cases += [x, x.t(), x[:, ::2], x[:0]]
+    got = abs_max_host(cases)
+    assert got is not None
+    for x, value in zip(cases, got, strict=True):
+        want = abs_max_reference(x).item()
+        assert (math.isnan(want) and math.isnan(value)) or value == want, (x.dtype, want, value)
+    assert abs_max_host([torch.ones(3), torch.ones(3, dtype=torch.bfloat16)]) is None
+    assert abs_max_host([]) == []

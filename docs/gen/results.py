@@ -82,6 +82,8 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "ddp_cpu",
             "ddp_h200_1gpu",
             "sweep_h200",
+            "population_h200",
+            "throughput_h200",
             "test_suite",
         ],
     ),

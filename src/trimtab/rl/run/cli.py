@@ -65,6 +65,12 @@ def add_commands(sub: Any) -> None:
         help="with --seeds: no Ray, the runs one after another in this process",
     )
     p.add_argument(
+        "--population",
+        action="store_true",
+        help="with --seeds: no Ray, every seed at once in this process, stepped in turn, each "
+        "on a CUDA stream of its own (on a GPU their steps overlap)",
+    )
+    p.add_argument(
         "--cpus", type=int, help="with --seeds: CPUs of the local Ray instance (default: all)"
     )
     p.add_argument("--data", nargs="+", metavar="PATH", help="OHLCV CSV/Parquet files or folders")
@@ -191,9 +197,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         from trimtab.rl.sweep.cli import cmd_train_seeds
 
         return cmd_train_seeds(args, config_data(args))
-    if args.serial or args.cpus is not None:
+    if args.serial or args.population or args.cpus is not None:
         raise ConfigError(
-            "--serial and --cpus say how the runs of --seeds run; drop them for a single run"
+            "--serial, --population and --cpus say how the runs of --seeds run; drop them for "
+            "a single run"
         )
     from trimtab.rl.train import format_fold_table
 

@@ -12,7 +12,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,7 +48,7 @@ from trimtab.rl.run.rundir import (
 if TYPE_CHECKING:
     from trimtab.kernels.precompile import Precompile
 
-__all__ = ["fold_seeds", "train"]
+__all__ = ["fold_seeds", "train", "train_steps"]
 
 #: metrics.csv columns of the learner's info dict (those the learner returns)
 _INFO_COLUMNS = {"loss/total": "loss", "loss/c51": "c51_loss", "loss/iqn": "iqn_loss",
@@ -111,6 +111,7 @@ def train(
     ranks: Ranks | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a training run on ``cfg.env.name``; returns the summary written to disk.
+    (:func:`train_steps` run to its end: the same run, one batched env step at a time.)
 
     ``ranks``: this process's place in a multi-process run (:mod:`trimtab.rl.run.ddp`; ``cfg`` is
     then :meth:`Ranks.config`'s): DDP on the agent, rank 0 alone writes the run directory.
@@ -122,6 +123,28 @@ def train(
     which that many gradient steps are done) and ``setup`` (called with the built
     :class:`~trimtab.rl.agent.learner.Learner`) are test hooks.
     """
+    steps = train_steps(cfg, resume=resume, checkpoint=checkpoint, stop_after=stop_after,
+                        setup=setup, ranks=ranks)  # fmt: skip
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def train_steps(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    checkpoint: str | Path | None = None,
+    stop_after: int | None = None,
+    setup: Callable[[Learner], None] | None = None,
+    ranks: Ranks | None = None,
+) -> Generator[None, None, dict[str, Any]]:
+    """:func:`train` as a generator that yields after every batched env step of the training
+    loop (and its gradient steps) and returns the summary: a driver can interleave several
+    runs in one process (:mod:`trimtab.rl.run.population`). Closing it early runs the clean-up
+    an interrupted run does (the adapter closed, the run directory's lock released)."""
     if not cfg.run.out:
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
     if ranks is not None:  # rank 0's default name (it holds the time) for every rank
@@ -147,8 +170,8 @@ def train(
         undo.pop_all()  # the run has started: its own ``finally`` closes the adapter and lock
     try:
         precompiled = finish_precompile(compiling, cfg.run.progress)
-        return _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after, setup, ranks,
-                    entered, precompiled)  # fmt: skip
+        return (yield from _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after,
+                                setup, ranks, entered, precompiled))  # fmt: skip
     except (MemoryError, RuntimeError) as e:  # out of memory: one line naming the keys to lower
         if not is_out_of_memory(e):
             raise
@@ -176,7 +199,7 @@ def _run(
     ranks: Ranks | None,
     entered: float,
     precompiled: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Generator[None, None, dict[str, Any]]:
     main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
     torch.manual_seed(cfg.run.seed)
@@ -217,8 +240,8 @@ def _run(
             if prog.fold_step == 0 and prog.env_steps == 0 and prog.fold > 0:
                 life.fold_boundary()  # moments, target nets, slots, sentinel: all together
             plan = adapter.plan(prog.fold)
-            halted = _train_fold(cfg, adapter, plan, learner, prog, log, run_dir, fold_state,
-                                 stop_after, ranks)  # fmt: skip
+            halted = yield from _train_fold(cfg, adapter, plan, learner, prog, log, run_dir,
+                                            fold_state, stop_after, ranks)  # fmt: skip
             fold_state = None
             if halted:
                 break
@@ -330,8 +353,9 @@ def _train_fold(
     fold_state: dict[str, Any] | None,
     stop_after: int | None,
     ranks: Ranks | None = None,
-) -> str | None:
-    """Train one fold to its plan; returns the sentinel's halt message, if it fired."""
+) -> Generator[None, None, str | None]:
+    """Train one fold to its plan, yielding after every batched env step and its gradient
+    steps; returns the sentinel's halt message, if it fired."""
     agent, device = learner.agent, torch.device(cfg.run.device)
     env_seed, sample_seed = fold_seeds(cfg.run.seed, plan.index)
     obs = adapter.open_fold(plan.index, env_seed)
@@ -360,6 +384,7 @@ def _train_fold(
         prog.env_steps += adapter.n_envs
         prog.global_env_steps += adapter.n_envs
         if prog.env_steps < plan.learning_starts:
+            yield
             continue
         updates_before = prog.global_step
         for _ in range(adapter.updates_due(before, prog.env_steps)):
@@ -403,6 +428,7 @@ def _train_fold(
         if stop_after is not None and prog.global_step >= stop_after:
             _close(bar)
             raise TrainingInterrupted(f"stopped after {prog.global_step} steps (test hook)")
+        yield  # a driver of several runs steps the next one (train: straight on)
     _close(bar)
     return learner.halt_message()
 

@@ -11,7 +11,14 @@ from typing import Any
 
 from trimtab.rl.sweep.spec import SweepError, SweepSpec, Trial
 
-__all__ = ["add_command", "build_trials", "cmd_sweep", "cmd_train_seeds", "seed_trials"]
+__all__ = [
+    "add_command",
+    "build_trials",
+    "cmd_sweep",
+    "cmd_train_seeds",
+    "engine_of",
+    "seed_trials",
+]
 
 
 def add_command(sub: Any) -> None:
@@ -41,6 +48,9 @@ def add_command(sub: Any) -> None:
                    help="the share of a GPU a CUDA trial asks Ray for")  # fmt: skip
     p.add_argument("--serial", action="store_true",
                    help="no Ray: run the trials one after another in this process")  # fmt: skip
+    p.add_argument("--population", action="store_true",
+                   help="no Ray: run every trial at once in this process, stepped in turn, each "
+                   "on a CUDA stream of its own (on a GPU their steps overlap)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
     p.set_defaults(func=cmd_sweep)
 
@@ -76,11 +86,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{t.label}  seed {t.seed}  {t.run_dir}")
         print(f"{len(trials)} trials")
         return 0
-    if not args.serial:
+    engine = engine_of(args)
+    if engine == "ray":
         require_ray()
     try:
-        result = run_sweep(trials, out, engine="serial" if args.serial else "ray",
-                           address=args.address, cpus=args.cpus,
+        result = run_sweep(trials, out, engine=engine, address=args.address, cpus=args.cpus,
                            gpus_per_trial=args.gpus_per_trial)  # fmt: skip
     except KeyboardInterrupt:
         print("trimtab: sweep interrupted; rerun the same command to continue (finished "
@@ -98,6 +108,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def engine_of(args: argparse.Namespace) -> str:
+    """The engine the flags ask for: ``serial``, ``population`` or (neither) ``ray``; the
+    placement flags of Ray with another engine are an error, not ignored."""
+    if args.serial and args.population:
+        raise SweepError("--serial and --population: give one of them")
+    engine = "serial" if args.serial else "population" if args.population else "ray"
+    if engine != "ray":
+        given = [f for f, v in (("--cpus", args.cpus), ("--address", getattr(args, "address",
+                 None))) if v is not None]  # fmt: skip
+        if given:
+            raise SweepError(f"{given[0]} places Ray tasks; --{engine} runs no Ray: drop it")
+    return engine
 
 
 def seed_trials(args: argparse.Namespace, data: dict[str, Any]) -> tuple[list[Trial], Path]:
@@ -137,11 +161,11 @@ def cmd_train_seeds(args: argparse.Namespace, data: dict[str, Any]) -> int:
     from trimtab.rl.sweep.trials import require_ray, run_sweep
 
     trials, out = seed_trials(args, data)
-    if not args.serial:
+    engine = engine_of(args)
+    if engine == "ray":
         require_ray()
     try:
-        result = run_sweep(trials, out, engine="serial" if args.serial else "ray",
-                           cpus=args.cpus)  # fmt: skip
+        result = run_sweep(trials, out, engine=engine, cpus=args.cpus)
     except KeyboardInterrupt:
         print(f"trimtab: interrupted; rerun with --out {out} to continue (finished seeds are "
               "skipped)", file=sys.stderr)  # fmt: skip

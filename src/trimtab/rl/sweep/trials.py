@@ -17,15 +17,24 @@ import platform
 import shutil
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from trimtab.rl.sweep.spec import SweepError, Trial, same_config
 from trimtab.rl.sweep.table import merge, selection, trial_metrics, write_outputs
 
-__all__ = ["SweepResult", "TrialResult", "read_summary", "require_ray", "run_sweep", "run_trial"]
+__all__ = [
+    "SweepResult",
+    "TrialResult",
+    "read_summary",
+    "require_ray",
+    "run_sweep",
+    "run_trial",
+    "trial_steps",
+]
 
 #: a file in a sweep's directory that says so: only such a directory has trials removed
 MARKER = ".trimtab-sweep"
@@ -78,9 +87,24 @@ def run_trial(cfg_data: dict[str, Any], run_dir: str, root: str | None = None) -
     """One trial, in a Ray worker or in this process: a clean run directory, ``train(cfg)``,
     and the outcome as plain data (a failure's error and traceback, never an exception).
     ``root`` is the sweep's directory (default: the run directory's grandparent, OUT/CELL/seedN)."""
+    steps = trial_steps(cfg_data, run_dir, root)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def trial_steps(
+    cfg_data: dict[str, Any], run_dir: str, root: str | None = None
+) -> Generator[None, None, dict[str, Any]]:
+    """:func:`run_trial` as a generator that yields after every batched env step of the run
+    (:func:`trimtab.rl.run.runner.train_steps`): the trials of a population
+    (``engine="population"``) are stepped in turn in one process."""
     from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import from_dict
-    from trimtab.rl.train import TrainingHalted, train
+    from trimtab.rl.run.runner import train_steps
+    from trimtab.rl.train import TrainingHalted
 
     path = Path(run_dir)
     t0 = time.perf_counter()
@@ -95,7 +119,7 @@ def run_trial(cfg_data: dict[str, Any], run_dir: str, root: str | None = None) -
             return {"status": "failed", "error": error, "seconds": 0.0, "node": node}
         shutil.rmtree(path)
     try:
-        summary = train(from_dict(TrainConfig, cfg_data))
+        summary = yield from train_steps(from_dict(TrainConfig, cfg_data))
     except TrainingHalted:
         summary = read_summary(path)  # a halted run writes its summary before raising
     except Exception as e:  # a trial's failure, whatever it is, is reported, never lost
@@ -175,7 +199,9 @@ def run_sweep(
     ``engine="ray"`` runs them as Ray tasks: in the Ray session already started, else on
     ``address`` (a cluster), else on a local instance of ``cpus`` (default: every core) and
     every GPU. Each task asks for ``run.threads`` CPUs and, for a CUDA run, ``gpus_per_trial``
-    of a GPU. ``engine="serial"`` runs them one after another in this process."""
+    of a GPU. ``engine="serial"`` runs them one after another in this process;
+    ``engine="population"`` runs them all at once in this process, stepped in turn, each on a
+    CUDA stream of its own (:mod:`trimtab.rl.run.population`)."""
     t0 = time.perf_counter()
     out = Path(out)
     done, todo = claim(out, trials)
@@ -193,8 +219,10 @@ def run_sweep(
             finished(_result(t, run_trial(_data(t), str(t.run_dir), str(out.resolve()))))
     elif todo and engine == "ray":
         _run_on_ray(todo, out, address, cpus, gpus_per_trial, finished, echo)
+    elif todo and engine == "population":
+        _run_population(todo, out, finished, echo)
     elif todo:
-        raise SweepError(f"engine {engine!r}: must be 'ray' or 'serial'")
+        raise SweepError(f"engine {engine!r}: must be 'ray', 'serial' or 'population'")
     order = {id(t): i for i, t in enumerate(trials)}
     results.sort(key=lambda r: order[id(r.trial)])
     cells = _save(out, results, trials, plot=True)
@@ -230,6 +258,26 @@ def _save(
     cells = merge(results, trials)
     write_outputs(out, cells, [r.record() for r in results], plot=plot, sel=selection(results))
     return cells
+
+
+def _run_population(
+    todo: Sequence[Trial],
+    out: Path,
+    finished: Callable[[TrialResult], None],
+    echo: Callable[[str], None],
+) -> None:
+    import torch
+
+    from trimtab.rl.run.population import interleave
+    from trimtab.rl.run.rundir import resolve_device
+
+    devices = [resolve_device(t.cfg.run.device) for t in todo]
+    where = sorted({str(d) for d in devices})
+    echo(f"one population of {len(todo)} runs in this process on {', '.join(where)}")
+    root = str(out.resolve())
+    starts = [partial(trial_steps, _data(t), str(t.run_dir), root) for t in todo]
+    interleave(starts, [torch.device(d) for d in devices],
+               on_done=lambda i, raw: finished(_result(todo[i], raw)))  # fmt: skip
 
 
 def _run_on_ray(
