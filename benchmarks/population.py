@@ -76,10 +76,11 @@ def processes(config: Path, device: str, sets: list[str], seeds: list[int], runs
               env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     outs = [runs / f"processes-{len(seeds)}" / f"seed{s}" for s in seeds]
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(_cmd(config, device, sets, "--seed", str(s), "--out", str(o)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              env=env)  # fmt: skip
-             for s, o in zip(seeds, outs)]
+    procs = []
+    for s, o in zip(seeds, outs):
+        cmd = _cmd(config, device, sets, "--seed", str(s), "--out", str(o))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True, env=env))  # fmt: skip
     errs = [p.communicate()[1] for p in procs]
     wall = time.perf_counter() - t0
     row = {"way": "processes", "n": len(seeds), "rc": max(p.returncode for p in procs),
