@@ -138,3 +138,31 @@ def test_flags_that_cannot_go_with_population_are_one_line(tmp_path, base, capsy
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and re.search(pattern, err), err
     assert not out.exists()
+
+
+def test_a_cuda_population_runs_each_member_on_its_own_stream(tmp_path, capsys):
+    """On a GPU: three CartPole members with their envs on the device (collection and learn
+    step captured), each on a stream of its own; every member finishes its plan and writes its report."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from trimtab.rl.run import population
+
+    streams = []
+    turn = population._advance
+    population._advance = lambda m: (streams.append(torch.cuda.current_stream()), turn(m))[1]
+    try:
+        out = tmp_path / "pop"
+        argv = ["train", "--env", "gym:CartPole-v1", "--device", "cuda", "--seeds", "1", "2",
+                "3", "--population", "--out", str(out), "--set", 'env.impl="torch"',
+                "--set", "env.n_envs=16", "--set", "gym.total_steps=16000",
+                "--set", "gym.learning_starts=2000", "--set", "gym.train_every=16",
+                "--set", "gym.eval_episodes=8"]  # fmt: skip
+        assert main(argv) == 0, capsys.readouterr().err
+    finally:
+        population._advance = turn
+    assert len({s.stream_id for s in streams}) == 3  # one stream per member
+    assert torch.cuda.default_stream().stream_id not in {s.stream_id for s in streams}
+    for seed in (1, 2, 3):
+        s = json.loads((out / f"seed{seed}" / "summary.json").read_text())
+        assert (s["env_steps"], s["updates"], s["halted"]) == (16000, 876, None)
+        assert s["train_return_last100"] > 8 and (out / f"seed{seed}" / "report.html").is_file()
