@@ -142,7 +142,7 @@ def test_flags_that_cannot_go_with_population_are_one_line(tmp_path, base, capsy
 
 def test_a_cuda_population_runs_each_member_on_its_own_stream(tmp_path, capsys):
     """On a GPU: three CartPole members with their envs on the device (collection and learn
-    step captured), each on a stream of its own; every member finishes its plan and writes its report."""
+    step captured), each on a stream of its own; each finishes its plan and writes its report."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from trimtab.rl.run import population
@@ -166,3 +166,42 @@ def test_a_cuda_population_runs_each_member_on_its_own_stream(tmp_path, capsys):
         s = json.loads((out / f"seed{seed}" / "summary.json").read_text())
         assert (s["env_steps"], s["updates"], s["halted"]) == (16000, 876, None)
         assert s["train_return_last100"] > 8 and (out / f"seed{seed}" / "report.html").is_file()
+
+
+def test_an_interrupt_between_two_steps_reaches_the_run(monkeypatch):
+    """``drive`` (what ``train`` and a trial run) delivers a Ctrl-C that lands between two steps
+    into the run where it stands, so the run answers it as one inside a step (here: its own
+    message); one raised inside a step is the run's answer already."""
+    from trimtab.rl.run import runner
+
+    answered = []
+
+    def run():
+        try:
+            while True:
+                yield
+        except KeyboardInterrupt:
+            answered.append("run")
+            raise RuntimeError("interrupted at its step") from None
+
+    calls = {"n": 0}
+    real_next = next
+
+    def next_or_interrupt(steps):
+        calls["n"] += 1
+        if calls["n"] == 3:  # between the second and the third step: the run is suspended
+            raise KeyboardInterrupt
+        return real_next(steps)
+
+    monkeypatch.setattr(runner, "next", next_or_interrupt, raising=False)
+    with pytest.raises(RuntimeError, match="interrupted at its step"):
+        runner.drive(run())
+    assert answered == ["run"]
+
+    def interrupted_inside():
+        yield
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "next", real_next, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        runner.drive(interrupted_inside())

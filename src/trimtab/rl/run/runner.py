@@ -9,6 +9,7 @@ once; every learning step goes through :mod:`trimtab.rl.agent.learner`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import sys
 import time
@@ -48,7 +49,7 @@ from trimtab.rl.run.rundir import (
 if TYPE_CHECKING:
     from trimtab.kernels.precompile import Precompile
 
-__all__ = ["fold_seeds", "train", "train_steps"]
+__all__ = ["drive", "fold_seeds", "train", "train_steps"]
 
 #: metrics.csv columns of the learner's info dict (those the learner returns)
 _INFO_COLUMNS = {"loss/total": "loss", "loss/c51": "c51_loss", "loss/iqn": "iqn_loss",
@@ -125,11 +126,22 @@ def train(
     """
     steps = train_steps(cfg, resume=resume, checkpoint=checkpoint, stop_after=stop_after,
                         setup=setup, ranks=ranks)  # fmt: skip
+    return drive(steps)
+
+
+def drive(steps: Generator[None, None, Any]) -> Any:
+    """Run ``steps`` (:func:`train_steps`, or a sweep trial's) to its end; its return value.
+    A Ctrl-C that lands between two of its steps is delivered at the step where it stands, so
+    the run ends as one interrupted inside a step does (its message, its clean-up)."""
     while True:
         try:
             next(steps)
         except StopIteration as done:
             return done.value
+        except KeyboardInterrupt:
+            if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
+                raise  # raised inside the step: the run has answered it
+            steps.throw(KeyboardInterrupt())
 
 
 def train_steps(

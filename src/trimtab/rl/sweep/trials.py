@@ -87,12 +87,9 @@ def run_trial(cfg_data: dict[str, Any], run_dir: str, root: str | None = None) -
     """One trial, in a Ray worker or in this process: a clean run directory, ``train(cfg)``,
     and the outcome as plain data (a failure's error and traceback, never an exception).
     ``root`` is the sweep's directory (default: the run directory's grandparent, OUT/CELL/seedN)."""
-    steps = trial_steps(cfg_data, run_dir, root)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    from trimtab.rl.run.runner import drive
+
+    return drive(trial_steps(cfg_data, run_dir, root))
 
 
 def trial_steps(
