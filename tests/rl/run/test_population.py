@@ -205,3 +205,23 @@ def test_an_interrupt_between_two_steps_reaches_the_run(monkeypatch):
     monkeypatch.setattr(runner, "next", real_next, raising=False)
     with pytest.raises(KeyboardInterrupt):
         runner.drive(interrupted_inside())
+
+
+def test_the_report_pool_writes_reports_in_workers_and_lists_failures(tmp_path, base):
+    """A population on a GPU hands its members' reports to worker processes: the report of a
+    finished run is written there; a run directory whose report fails is listed, not raised."""
+    from rl_helpers import tiny
+
+    from trimtab.rl.run.population import ReportPool
+    from trimtab.rl.run.runner import train
+
+    run = tmp_path / "run"
+    train(tiny(run))
+    (run / "report.html").unlink()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    with ReportPool(2) as pool:
+        pool.submit(run)
+        pool.submit(broken)
+    assert (run / "report.html").is_file()
+    assert [(d, e.split(":")[0]) for d, e in pool.failed] == [(broken, "ReportError")]

@@ -17,14 +17,17 @@ so a member's numbers are those of the same run alone (on the CPU, bitwise: test
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import torch
 
-__all__ = ["Member", "interleave"]
+__all__ = ["Member", "ReportPool", "interleave"]
 
 T = TypeVar("T")
 
@@ -103,3 +106,45 @@ def _advance(m: Member[T]) -> bool:
     except StopIteration as finished:
         m.done, m.result = True, finished.value
     return m.done
+
+
+class ReportPool:
+    """The members' reports (:func:`trimtab.rl.report.build.build_report`, matplotlib's plots
+    and the HTML, about a second of CPU each) built by worker processes as the members finish,
+    side by side, instead of one after another in the population's process. The workers start
+    (``spawn``: the parent holds a CUDA context) and import the report's modules when the pool
+    opens, while the members train. Leaving the ``with`` block waits for every report;
+    :attr:`failed` lists ``(run_dir, error)`` of those that raised (the run directory is then
+    left without ``report.html``, as a run stopped while writing it: ``trimtab report RUN_DIR``
+    or ``--resume`` writes it)."""
+
+    def __init__(self, runs: int, workers: int | None = None) -> None:
+        n = workers or max(1, min(runs, (os.cpu_count() or 2) - 1, 16))
+        ctx = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_import_report)
+        for _ in range(n):  # the workers start now (the pool starts them as jobs come)
+            self._pool.submit(int)
+        self._jobs: list[tuple[Path, Future[Any]]] = []
+        self.failed: list[tuple[Path, str]] = []
+
+    def submit(self, run_dir: Path) -> None:
+        from trimtab.rl.report.build import build_report
+
+        self._jobs.append((Path(run_dir), self._pool.submit(build_report, run_dir)))
+
+    def __enter__(self) -> ReportPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for run_dir, job in self._jobs:
+                error = job.exception()
+                if error is not None:
+                    self.failed.append((run_dir, f"{type(error).__name__}: {error}"))
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+
+
+def _import_report() -> None:
+    """A worker's start: the report's modules (torch, matplotlib) imported before any job."""
+    import trimtab.rl.report.build  # noqa: F401

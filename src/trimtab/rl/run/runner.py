@@ -152,11 +152,15 @@ def train_steps(
     stop_after: int | None = None,
     setup: Callable[[Learner], None] | None = None,
     ranks: Ranks | None = None,
+    report: Callable[[Path], Any] | None = None,
 ) -> Generator[None, None, dict[str, Any]]:
     """:func:`train` as a generator that yields after every batched env step of the training
     loop (and its gradient steps) and returns the summary: a driver can interleave several
     runs in one process (:mod:`trimtab.rl.run.population`). Closing it early runs the clean-up
-    an interrupted run does (the adapter closed, the run directory's lock released)."""
+    an interrupted run does (the adapter closed, the run directory's lock released).
+    ``report(run_dir)`` writes the report once the summary is written (default
+    :func:`~trimtab.rl.report.build.build_report`; a population hands it to a worker process:
+    :class:`trimtab.rl.run.population.ReportPool`)."""
     if not cfg.run.out:
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
     if ranks is not None:  # rank 0's default name (it holds the time) for every rank
@@ -183,7 +187,7 @@ def train_steps(
     try:
         precompiled = finish_precompile(compiling, cfg.run.progress)
         return (yield from _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after,
-                                setup, ranks, entered, precompiled))  # fmt: skip
+                                setup, ranks, entered, precompiled, report))  # fmt: skip
     except (MemoryError, RuntimeError) as e:  # out of memory: one line naming the keys to lower
         if not is_out_of_memory(e):
             raise
@@ -211,6 +215,7 @@ def _run(
     ranks: Ranks | None,
     entered: float,
     precompiled: dict[str, Any] | None = None,
+    report: Callable[[Path], Any] | None = None,
 ) -> Generator[None, None, dict[str, Any]]:
     main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
@@ -286,7 +291,7 @@ def _run(
         log.close()
     try:
         return _finish(cfg, adapter, learner, prog, life, run_dir, main, ranks, halted,
-                       identity, device, entered, looping, precompiled)  # fmt: skip
+                       identity, device, entered, looping, precompiled, report)  # fmt: skip
     except KeyboardInterrupt:
         raise RunInterrupted(
             f"interrupted while writing the summary and report; `trimtab train --resume "
@@ -309,9 +314,11 @@ def _finish(
     entered: float,
     looping: float,
     precompiled: dict[str, Any] | None = None,
+    report: Callable[[Path], Any] | None = None,
 ) -> dict[str, Any]:
     """The run's summary, sentinel report and report, written once training is over (or
-    halted); a run stopped in here is finished by ``--resume``."""
+    halted); a run stopped in here is finished by ``--resume``. ``timings.report_s``: the
+    report's time here (a population's hand-off to a worker process, which builds it)."""
     summary = {
         "run_dir": str(run_dir),
         "env": cfg.env.name,
@@ -346,7 +353,7 @@ def _finish(
         ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
         ckpt.atomic_write_json(run_dir / "summary.json", summary)
         t0 = time.perf_counter()
-        build_report(run_dir)
+        (build_report if report is None else report)(run_dir)
         summary["timings"]["report_s"] = round(time.perf_counter() - t0, 2)
         ckpt.atomic_write_json(run_dir / "summary.json", summary)
     if halted:

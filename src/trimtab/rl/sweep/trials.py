@@ -12,6 +12,7 @@ or a cluster, and core ``ray`` is the only install.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import shutil
@@ -93,11 +94,15 @@ def run_trial(cfg_data: dict[str, Any], run_dir: str, root: str | None = None) -
 
 
 def trial_steps(
-    cfg_data: dict[str, Any], run_dir: str, root: str | None = None
+    cfg_data: dict[str, Any],
+    run_dir: str,
+    root: str | None = None,
+    report: Callable[[Path], Any] | None = None,
 ) -> Generator[None, None, dict[str, Any]]:
     """:func:`run_trial` as a generator that yields after every batched env step of the run
     (:func:`trimtab.rl.run.runner.train_steps`): the trials of a population
-    (``engine="population"``) are stepped in turn in one process."""
+    (``engine="population"``) are stepped in turn in one process. ``report``: what writes the
+    run's report (default: the run itself)."""
     from trimtab.rl.config import TrainConfig
     from trimtab.rl.configio import from_dict
     from trimtab.rl.run.runner import train_steps
@@ -116,7 +121,8 @@ def trial_steps(
             return {"status": "failed", "error": error, "seconds": 0.0, "node": node}
         shutil.rmtree(path)
     try:
-        summary = yield from train_steps(from_dict(TrainConfig, cfg_data))
+        hand_off = {} if report is None else {"report": report}
+        summary = yield from train_steps(from_dict(TrainConfig, cfg_data), **hand_off)
     except TrainingHalted:
         summary = read_summary(path)  # a halted run writes its summary before raising
     except Exception as e:  # a trial's failure, whatever it is, is reported, never lost
@@ -265,16 +271,23 @@ def _run_population(
 ) -> None:
     import torch
 
-    from trimtab.rl.run.population import interleave
+    from trimtab.rl.run.population import ReportPool, interleave
     from trimtab.rl.run.rundir import resolve_device
 
-    devices = [resolve_device(t.cfg.run.device) for t in todo]
+    devices = [torch.device(resolve_device(t.cfg.run.device)) for t in todo]
     where = sorted({str(d) for d in devices})
     echo(f"one population of {len(todo)} runs in this process on {', '.join(where)}")
     root = str(out.resolve())
-    starts = [partial(trial_steps, _data(t), str(t.run_dir), root) for t in todo]
-    interleave(starts, [torch.device(d) for d in devices],
-               on_done=lambda i, raw: finished(_result(todo[i], raw)))  # fmt: skip
+    # on a GPU the members finish together: their reports are built by worker processes, side
+    # by side, instead of one after another in here
+    pool = ReportPool(len(todo)) if any(d.type == "cuda" for d in devices) else None
+    with pool or contextlib.nullcontext():
+        report = pool.submit if pool is not None else None
+        starts = [partial(trial_steps, _data(t), str(t.run_dir), root, report) for t in todo]
+        interleave(starts, devices, on_done=lambda i, raw: finished(_result(todo[i], raw)))
+    for run_dir, error in pool.failed if pool is not None else []:
+        echo(f"warning: the report of {run_dir} failed ({error}); `trimtab report {run_dir}` "
+             "writes it")  # fmt: skip
 
 
 def _run_on_ray(
