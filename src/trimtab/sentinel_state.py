@@ -354,9 +354,10 @@ def check_reference(
     state: dict[str, torch.Tensor],
     thresholds: Sequence[torch.Tensor],
 ) -> None:
-    """The torch reference of one check launch: the abs-max of every tensor in two multi-tensor
-    ops, then every record of the launch at once (as slices of the records when its slots are
-    consecutive: a check of one phase of slots added phase by phase)."""
+    """The torch reference of one check launch: the abs-max of every tensor (on the CPU read
+    through NumPy, :func:`abs_max_host`; elsewhere two multi-tensor ops), then every record of
+    the launch at once (as slices of the records when its slots are consecutive: a check of one
+    phase of slots added phase by phase)."""
     host = abs_max_host(tensors)
     if host is not None:
         # On the CPU a read syncs with nothing: a check where no slot fires (every check of a
