@@ -117,8 +117,8 @@ def engine_of(args: argparse.Namespace) -> str:
         raise SweepError("--serial and --population: give one of them")
     engine = "serial" if args.serial else "population" if args.population else "ray"
     if engine != "ray":
-        given = [f for f, v in (("--cpus", args.cpus), ("--address", getattr(args, "address",
-                 None))) if v is not None]  # fmt: skip
+        placement = {"--cpus": args.cpus, "--address": getattr(args, "address", None)}
+        given = [flag for flag, value in placement.items() if value is not None]
         if given:
             raise SweepError(f"{given[0]} places Ray tasks; --{engine} runs no Ray: drop it")
     return engine

@@ -121,8 +121,7 @@ def trial_steps(
             return {"status": "failed", "error": error, "seconds": 0.0, "node": node}
         shutil.rmtree(path)
     try:
-        hand_off = {} if report is None else {"report": report}
-        summary = yield from train_steps(from_dict(TrainConfig, cfg_data), **hand_off)
+        summary = yield from train_steps(from_dict(TrainConfig, cfg_data), report=report)
     except TrainingHalted:
         summary = read_summary(path)  # a halted run writes its summary before raising
     except Exception as e:  # a trial's failure, whatever it is, is reported, never lost
