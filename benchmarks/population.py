@@ -54,7 +54,7 @@ def _seed_row(run_dir: Path) -> dict[str, Any]:
     ret = fold.get("mean_return")
     return {"seed": s["seed"], "greedy_return": ret, "solved": ret is not None and ret >= SOLVED,
             "updates": s["updates"], "env_steps": s["env_steps"], "train_s": s["seconds"],
-            "halted": s["halted"]}  # fmt: skip
+            "timings": s.get("timings"), "halted": s["halted"]}  # fmt: skip
 
 
 def population(config: Path, device: str, sets: list[str], seeds: list[int], runs: Path,

@@ -41,7 +41,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
     "stability": (
         "Stability: stress, faults, clamps, reward scale",
         "What fails and what does not, per stability mode; how often each clamp binds; the "
-        "support's closed loop; runs across reward scales.",
+        "support's closed loop; runs across reward scales, on our grid and under bsuite's rules.",
         [
             "stress",
             "stress_bf16",
@@ -52,6 +52,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "faults",
             "clamp_engagement",
             "scale",
+            "bsuite",
             "support_loop",
             "support_loop_R_floor_1e-6",
             "support_loop_estimator_only",

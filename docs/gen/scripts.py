@@ -12,6 +12,7 @@ from gen import ROOT
 SCRIPTS: dict[str, str] = {
     "test_suite": "test_suite",
     "agent_vs_baselines": "agent_vs_baselines",
+    "bsuite": "bsuite_suite",
     "capture_parity": "tests/rl/agent/test_learner_gpu.py",
     "capture_probe": "probe_capture",
     "cartpole_ablation": "cartpole",

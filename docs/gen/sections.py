@@ -94,7 +94,32 @@ def stress_record(rec: dict) -> str:
     return out + "\n" + generic_record(rec)
 
 
-RENDERERS: dict[str, Callable[[dict], str]] = {"stress": stress_record}
+def bsuite_record(rec: dict) -> str:
+    """A bsuite file: per stability mode and experiment, bsuite's own score of its ids, the
+    per-seed scores' mean ± s.e., how many ids ran their whole episode budget, the episodes,
+    env steps and seconds; then the issue's relations where their cells ran."""
+    body = []
+    for arm, exps in rec.get("cells", {}).items():
+        for exp, c in exps.items():
+            se = c.get("per_seed_se")
+            per_seed = fmt(c.get("per_seed_mean")) + ("" if se is None else f" ± {fmt(se)}")
+            body.append(
+                [f"`{arm}`", exp, fmt(c.get("score")), per_seed,
+                 f"{c.get('complete_ids')} of {c.get('ids')}",
+                 str(sum((c.get("episodes") or {}).values())), fmt(c.get("env_steps")),
+                 fmt(c.get("seconds"))]
+            )  # fmt: skip
+    heads = ["stability", "experiment", "bsuite score", "per seed", "whole budget", "episodes",
+             "env steps", "seconds"]  # fmt: skip
+    out = table(heads, body)
+    if not rec.get("full_budget", True):
+        out += ("\n*Not every id ran its whole episode budget: bsuite's analysis scored the "
+                "episodes each log has, which is not bsuite's score.*\n")  # fmt: skip
+    rest = {k: v for k, v in rec.items() if k != "cells"}
+    return out + "\n" + generic_record(rest)
+
+
+RENDERERS: dict[str, Callable[[dict], str]] = {"stress": stress_record, "bsuite": bsuite_record}
 
 
 def file_section(path: Path, level: int = 2, render: Callable[[dict], str] | None = None) -> str:

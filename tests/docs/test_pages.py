@@ -3,6 +3,7 @@ trading page's verdict read from the JSON, and the loader's reading of bare NaN 
 
 from __future__ import annotations
 
+import json
 import math
 
 from docs_helpers import ROOT, gen
@@ -51,3 +52,20 @@ def test_reproduce_commands_come_from_the_scripts():
     cmd = scripts.reproduce_command(scripts.script_for("agent_vs_baselines"))
     assert cmd.startswith("python benchmarks/") and "agent_vs_baselines.py --seeds" in cmd
     assert scripts.script_for("stress_fp16") == scripts.script_for("stress")
+
+
+def test_bsuite_file_shows_each_cell_and_says_when_a_budget_was_capped(tmp_path):
+    path = tmp_path / "bsuite.json"
+    cell = {"score": 0.25, "per_seed": [0.2, 0.3], "per_seed_mean": 0.25, "per_seed_se": 0.05,
+            "ids": 2, "complete_ids": 1, "episodes": {"cartpole/0": 1000, "cartpole/1": 40},
+            "env_steps": 12345, "seconds": 60.0}  # fmt: skip
+    rec = {"date": "2026-01-01", "full_budget": False, "cells": {"adaptive": {"cartpole": cell}}}
+    path.write_text(json.dumps({"k": rec}))
+    text = gen("sections").file_section(path)
+    row = next(line for line in text.splitlines() if "| `adaptive` | cartpole |" in line)
+    assert "0.25 ± 0.05" in row and "1 of 2" in row and "| 1040 |" in row and "12345" in row
+    assert "not bsuite's score" in text
+    rec["full_budget"] = True
+    path.write_text(json.dumps({"k": rec}))
+    assert "not bsuite's score" not in gen("sections").file_section(path)
+    assert "bsuite_suite.py" in gen("scripts").reproduce_command(gen("scripts").script_for("bsuite"))
