@@ -68,4 +68,5 @@ def test_bsuite_file_shows_each_cell_and_says_when_a_budget_was_capped(tmp_path)
     rec["full_budget"] = True
     path.write_text(json.dumps({"k": rec}))
     assert "not bsuite's score" not in gen("sections").file_section(path)
-    assert "bsuite_suite.py" in gen("scripts").reproduce_command(gen("scripts").script_for("bsuite"))
+    scripts = gen("scripts")
+    assert "bsuite_suite.py" in scripts.reproduce_command(scripts.script_for("bsuite"))
