@@ -92,7 +92,16 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
         "Library kernels: EMA, quantiles, sentinel, optimizer",
         "Each kernel against its PyTorch reference (bytes moved, GB/s), and the estimator's "
         "behaviour on banks of signals.",
-        ["ema", "ema_bank", "ema_alarm", "quantile", "sentinel", "sentinel_share", "optim"],
+        [
+            "ema",
+            "ema_bank",
+            "ema_alarm",
+            "quantile",
+            "sentinel",
+            "sentinel_share",
+            "sentinel_block_h100",
+            "optim",
+        ],
     ),
 }
 
