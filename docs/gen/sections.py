@@ -97,7 +97,7 @@ def stress_record(rec: dict) -> str:
 def bsuite_record(rec: dict) -> str:
     """A bsuite file: per stability mode and experiment, bsuite's own score of its ids, the
     per-seed scores' mean ± s.e., how many ids ran their whole episode budget, the episodes,
-    env steps and seconds; then the issue's relations where their cells ran."""
+    env steps and seconds; then the rest of the record (the targets, where their cells ran)."""
     body = []
     for arm, exps in rec.get("cells", {}).items():
         for exp, c in exps.items():
