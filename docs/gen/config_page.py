@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from gen import ROOT
 from gen.markdown import table
 
 
@@ -100,10 +101,44 @@ def _allowed(v: Any) -> str:
 _DOCS_REF = re.compile(r"docs: ([a-z-]+/[a-z0-9-]+\.md(?:#[a-z0-9-]+)?)")
 
 
+def _slug(heading: str) -> str:
+    """A heading's anchor as the site's table of contents makes it (Python-Markdown's toc
+    ``slugify``: ASCII, lower case, word characters, spaces and hyphens to one hyphen)."""
+    import unicodedata
+
+    text = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def link_text(ref: str) -> str:
+    """What a cited page (``guides/stability.md#where-a-clamp-binds``) is called on the site:
+    its title, and the section's heading where the reference names one. A page or section that
+    does not exist is an error: a comment cites it, and the strict build would keep a dead
+    link."""
+    page, _, anchor = ref.partition("#")
+    path = ROOT / "docs" / page
+    if not path.is_file():
+        raise ValueError(f"a config comment cites docs: {ref}, but docs/{page} does not exist")
+    headings, fenced = [], False
+    for ln in path.read_text().splitlines():
+        fenced ^= ln.lstrip().startswith("```")  # a "# comment" in a code block is no heading
+        if not fenced and re.match(r"#{1,6} ", ln):
+            headings.append(ln.lstrip("#").strip())
+    title = headings[0] if headings else page
+    if not anchor:
+        return title
+    section = next((h for h in headings if _slug(h) == anchor), None)
+    if section is None:
+        raise ValueError(f"a config comment cites docs: {ref}, but docs/{page} has no "
+                         f"heading whose anchor is #{anchor}")  # fmt: skip
+    return f"{title}: {section}"
+
+
 def _cell(s: Any) -> str:
     """A table cell of prose: no raw HTML (``<time>`` is text), pipes escaped, and the
-    docs pages the comments cite made links."""
+    docs pages the comments cite made links, named as the site names them."""
     import html
 
     text = html.escape(str(s), quote=False).replace("|", "\\|").replace("\n", " ")
-    return _DOCS_REF.sub(lambda m: f"[{m.group(1)}](../{m.group(1)})", text)
+    return _DOCS_REF.sub(lambda m: f"[{link_text(m.group(1))}](../{m.group(1)})", text)

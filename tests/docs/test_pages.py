@@ -1,11 +1,14 @@
 """The generated pages: every results file on a page with its command and provenance, the
-trading page's verdict read from the JSON, and the loader's reading of bare NaN and null."""
+trading page's verdict read from the JSON, the loader's reading of bare NaN and null, bsuite's
+cells, and the config reference's links named by their pages' titles."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
+import pytest
 from docs_helpers import ROOT, gen
 
 
@@ -70,3 +73,16 @@ def test_bsuite_file_shows_each_cell_and_says_when_a_budget_was_capped(tmp_path)
     assert "not bsuite's score" not in gen("sections").file_section(path)
     scripts = gen("scripts")
     assert "bsuite_suite.py" in scripts.reproduce_command(scripts.script_for("bsuite"))
+
+
+def test_config_reference_names_the_pages_it_links_by_their_titles():
+    page = gen("config_page")
+    text = page.config_reference_page()
+    links = re.findall(r"\[([^\]]*)\]\(\.\./([^)]*)\)", text)
+    assert links and all(".md" not in label for label, _ in links)
+    assert ("Stability modes and bounds: Where a clamp binds",
+            "guides/stability.md#where-a-clamp-binds") in links  # fmt: skip
+    with pytest.raises(ValueError, match="no heading whose anchor is #nowhere"):
+        page.link_text("guides/stability.md#nowhere")
+    with pytest.raises(ValueError, match="does not exist"):
+        page.link_text("guides/missing.md")
