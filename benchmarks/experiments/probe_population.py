@@ -3,7 +3,7 @@
 a population of three all did): the same seeds as one population with trimtab's pointer-table
 caches at their size and at a size that never evicts, beside chosen seeds run alone (one
 process after another), each seed's greedy return, its training episodes' last-100 return and
-its timings.
+its timings, after one warm-up run that fills Triton's cache.
 
     python benchmarks/experiments/probe_population.py --device cuda [--seeds 1 ... 32]
         [--alone 4 5 6] [--table-cache 64 1000000] [--config examples/cartpole_fast.toml]
@@ -125,6 +125,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     sets = [*args.sets, *(QUICK if args.quick else [])]
     runs = args.runs or Path(tempfile.mkdtemp(prefix="probe-population-"))
+    # a warm-up run of the same kernels first (a few updates): every row runs Triton's cache warm
+    warm = _train_args(args, [*sets, "gym.eval_episodes=1"], "--seed", "0", "--out",
+                       str(runs / "warmup"))  # fmt: skip
+    if not args.quick:
+        warm += ["--set", "gym.total_steps=16384", "--set", "gym.learning_starts=8192"]
+    subprocess.run([sys.executable, "-m", "trimtab", *warm], capture_output=True, check=False)
     record: dict[str, Any] = {**provenance(args.device), "config": str(args.config),
                               "sets": sets, "seeds": args.seeds, "rows": []}  # fmt: skip
     jobs = [("population", n) for n in args.table_cache] + ([("alone", 0)] if args.alone else [])
