@@ -36,15 +36,32 @@ QUICK = ["gym.total_steps=256", "gym.learning_starts=64", "gym.eval_episodes=2",
          "env.n_envs=4", "gym.train_every=4", "agent.batch_size=16"]  # fmt: skip
 
 
-def _cmd(config: Path, device: str, sets: list[str], *args: str) -> list[str]:
-    cmd = [sys.executable, "-m", "trimtab", "train", "--config", str(config), "--device", device,
-           "--no-progress", *args]  # fmt: skip
+def train_argv(config: Path, device: str, sets: list[str], *args: str) -> list[str]:
+    """``trimtab train``'s arguments (without the program) for ``config`` with ``sets``."""
+    argv = ["train", "--config", str(config), "--device", device, "--no-progress", *args]
     for s in sets:
-        cmd += ["--set", s]
-    return cmd
+        argv += ["--set", s]
+    return argv
 
 
-def _seed_row(run_dir: Path) -> dict[str, Any]:
+def _cmd(config: Path, device: str, sets: list[str], *args: str) -> list[str]:
+    return [sys.executable, "-m", "trimtab", *train_argv(config, device, sets, *args)]
+
+
+def warm_up(config: Path, device: str, sets: list[str], runs: Path, env: dict[str, str],
+            quick: bool) -> None:  # fmt: skip
+    """One untimed run of the same kernels (a few updates past learning_starts) that fills this
+    machine's Triton cache, so every timed row runs it warm."""
+    warm = _cmd(config, device, [*sets, "gym.eval_episodes=1"], "--seed", "0", "--out",
+                str(runs / "warmup"))  # fmt: skip
+    if not quick:
+        warm += ["--set", "gym.total_steps=16384", "--set", "gym.learning_starts=8192"]
+    subprocess.run(warm, capture_output=True, text=True, env=env, check=False)
+
+
+def seed_row(run_dir: Path) -> dict[str, Any]:
+    """A seed's greedy return (solved or not), training episodes' last-100 return, updates,
+    timings and halt, from its run directory (its error where it wrote no summary)."""
     path = run_dir / "summary.json"
     if not path.is_file():
         error = run_dir / "sweep_error.txt"
@@ -53,8 +70,9 @@ def _seed_row(run_dir: Path) -> dict[str, Any]:
     fold = s["folds"][0] if s["folds"] else {}
     ret = fold.get("mean_return")
     return {"seed": s["seed"], "greedy_return": ret, "solved": ret is not None and ret >= SOLVED,
-            "updates": s["updates"], "env_steps": s["env_steps"], "train_s": s["seconds"],
-            "timings": s.get("timings"), "halted": s["halted"]}  # fmt: skip
+            "train_return_last100": s.get("train_return_last100"), "updates": s["updates"],
+            "env_steps": s["env_steps"], "train_s": s["seconds"], "timings": s.get("timings"),
+            "halted": s["halted"]}  # fmt: skip
 
 
 def population(config: Path, device: str, sets: list[str], seeds: list[int], runs: Path,
@@ -66,7 +84,7 @@ def population(config: Path, device: str, sets: list[str], seeds: list[int], run
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     row = {"way": "population", "n": len(seeds), "rc": proc.returncode, "wall_s": wall,
-           "seeds": [_seed_row(out / f"seed{s}") for s in seeds]}  # fmt: skip
+           "seeds": [seed_row(out / f"seed{s}") for s in seeds]}  # fmt: skip
     if proc.returncode != 0:
         row["stderr"] = proc.stderr[-2000:]
     return row
@@ -84,7 +102,7 @@ def processes(config: Path, device: str, sets: list[str], seeds: list[int], runs
     errs = [p.communicate()[1] for p in procs]
     wall = time.perf_counter() - t0
     row = {"way": "processes", "n": len(seeds), "rc": max(p.returncode for p in procs),
-           "wall_s": wall, "seeds": [_seed_row(o) for o in outs]}  # fmt: skip
+           "wall_s": wall, "seeds": [seed_row(o) for o in outs]}  # fmt: skip
     if row["rc"] != 0:
         row["stderr"] = next(e for p, e in zip(procs, errs) if p.returncode)[-2000:]
     return row
@@ -112,11 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sets = [*args.sets, *(QUICK if args.quick else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = args.runs or Path(tempfile.mkdtemp(prefix="population-"))
-    warm = _cmd(args.config, args.device, [*sets, "gym.eval_episodes=1"], "--seed", "0",
-                "--out", str(runs / "warmup"))  # fmt: skip
-    if not args.quick:  # the same kernels as the rows: a few updates past learning_starts
-        warm += ["--set", "gym.total_steps=16384", "--set", "gym.learning_starts=8192"]
-    subprocess.run(warm, capture_output=True, text=True, env=env, check=False)
+    warm_up(args.config, args.device, sets, runs, env, args.quick)
     prov = provenance(args.device)
     key = args.key or record_key(prov)  # one record, saved again after every row
     rows = []

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
-from population import CONFIG, QUICK, SOLVED
+from population import CONFIG, QUICK, seed_row, summarise, train_argv, warm_up
 from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
 #: the population's process with the table caches resized first (argv: size, then train's)
@@ -43,72 +42,37 @@ _SIZED = (
 )
 
 
-def _train_args(args: Any, sets: list[str], *extra: str) -> list[str]:
-    out = ["train", "--config", str(args.config), "--device", args.device, "--no-progress",
-           *extra]  # fmt: skip
-    for s in sets:
-        out += ["--set", s]
-    return out
-
-
-def _seed(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        error = run_dir / "sweep_error.txt"
-        return {"error": error.read_text()[-1500:] if error.is_file() else "no summary.json"}
-    s = json.loads(path.read_text())
-    ret = s["folds"][0].get("mean_return") if s["folds"] else None
-    return {"seed": s["seed"], "greedy_return": ret, "solved": ret is not None and ret >= SOLVED,
-            "train_return_last100": s.get("train_return_last100"), "updates": s["updates"],
-            "timings": s.get("timings"), "halted": s["halted"]}  # fmt: skip
-
-
-def _summary(name: str, seeds: list[dict[str, Any]], wall: float) -> dict[str, Any]:
-    rets = [s["greedy_return"] for s in seeds if s.get("greedy_return") is not None]
-    return {
-        "way": name,
-        "n": len(seeds),
-        "wall_s": round(wall, 2),
-        "solved": sum(bool(s.get("solved")) for s in seeds),
-        "greedy_mean": statistics.mean(rets) if rets else None,
-        "greedy_se": statistics.stdev(rets) / len(rets) ** 0.5 if len(rets) > 1 else None,
-    }
-
-
-def population_row(args: Any, sets: list[str], size: int, runs: Path) -> dict[str, Any]:
+def population_row(args: Any, sets: list[str], size: int, runs: Path,
+                   env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     out = runs / f"population-cache{size}"
-    argv = _train_args(args, sets, "--seeds", *map(str, args.seeds), "--population",
-                       "--out", str(out))  # fmt: skip
+    argv = train_argv(args.config, args.device, sets, "--seeds", *map(str, args.seeds),
+                      "--population", "--out", str(out))  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _SIZED, str(size), *argv], capture_output=True,
-                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+                          text=True, env=env)  # fmt: skip
     wall = time.perf_counter() - t0
-    seeds = [_seed(out / f"seed{s}") for s in args.seeds]
-    row = {
-        "way": f"population, table caches {size}",
-        "table_cache": size,
-        "rc": proc.returncode,
-        "wall_s": wall,
-        "seeds": seeds,
-        "summary": _summary("population", seeds, wall),
-    }
+    row = {"way": f"population, table caches {size}", "table_cache": size, "n": len(args.seeds),
+           "rc": proc.returncode, "wall_s": wall,
+           "seeds": [seed_row(out / f"seed{s}") for s in args.seeds]}  # fmt: skip
+    row["summary"] = summarise(row)
     if proc.returncode != 0:
         row["stderr"] = proc.stderr[-2000:]
     return row
 
 
-def alone_row(args: Any, sets: list[str], runs: Path) -> dict[str, Any]:
+def alone_row(args: Any, sets: list[str], runs: Path, env: dict[str, str]) -> dict[str, Any]:
     seeds, rc, t0 = [], 0, time.perf_counter()
     for s in args.alone:
         out = runs / f"alone-seed{s}"
-        argv = _train_args(args, sets, "--seed", str(s), "--out", str(out))
+        argv = train_argv(args.config, args.device, sets, "--seed", str(s), "--out", str(out))
         proc = subprocess.run([sys.executable, "-m", "trimtab", *argv], capture_output=True,
-                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+                              text=True, env=env)  # fmt: skip
         rc = max(rc, proc.returncode)
-        seeds.append(_seed(out))
-    wall = time.perf_counter() - t0
-    return {"way": "alone, one after another", "rc": rc, "wall_s": wall, "seeds": seeds,
-            "summary": _summary("alone", seeds, wall)}  # fmt: skip
+        seeds.append(seed_row(out))
+    row = {"way": "alone, one after another", "n": len(seeds), "rc": rc,
+           "wall_s": time.perf_counter() - t0, "seeds": seeds}  # fmt: skip
+    row["summary"] = summarise(row)
+    return row
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -125,20 +89,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     sets = [*args.sets, *(QUICK if args.quick else [])]
     runs = args.runs or Path(tempfile.mkdtemp(prefix="probe-population-"))
-    # a warm-up run of the same kernels first (a few updates): every row runs Triton's cache warm
-    warm = _train_args(args, [*sets, "gym.eval_episodes=1"], "--seed", "0", "--out",
-                       str(runs / "warmup"))  # fmt: skip
-    if not args.quick:
-        warm += ["--set", "gym.total_steps=16384", "--set", "gym.learning_starts=8192"]
-    subprocess.run([sys.executable, "-m", "trimtab", *warm], capture_output=True, check=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    warm_up(args.config, args.device, sets, runs, env, args.quick)  # every row runs it warm
     record: dict[str, Any] = {**provenance(args.device), "config": str(args.config),
                               "sets": sets, "seeds": args.seeds, "rows": []}  # fmt: skip
     jobs = [("population", n) for n in args.table_cache] + ([("alone", 0)] if args.alone else [])
     for way, size in jobs:
         row = (
-            population_row(args, sets, size, runs)
+            population_row(args, sets, size, runs, env)
             if way == "population"
-            else alone_row(args, sets, runs)
+            else alone_row(args, sets, runs, env)
         )
         record["rows"].append(row)
         print(json.dumps({"way": row["way"], **row["summary"]}), flush=True)
