@@ -28,22 +28,27 @@ def test_quick_population_beside_processes(load_bench, tmp_path):
 
 @pytest.mark.slow
 def test_quick_probe_population_rows(load_bench, tmp_path):
-    """benchmarks/experiments/probe_population.py: a population row per table-cache size and the
-    seeds alone, each seed's greedy and training returns."""
+    """benchmarks/experiments/probe_population.py: a population row per table-cache size and
+    stream arrangement, and the seeds alone, each seed's greedy and training returns."""
     probe = load_bench("probe_population")
     out = tmp_path / "probe.json"
     got = probe.main(["--quick", "--device", "cpu", "--seeds", "1", "2", "--alone", "2",
-                      "--table-cache", "1", "64", "--out", str(out), "--key", "k",
+                      "--table-cache", "1", "64", "--streams", "own", "serial",
+                      "--out", str(out), "--key", "k",
                       "--runs", str(tmp_path / "runs")])  # fmt: skip
     assert [r["way"] for r in got["rows"]] == [
-        "population, table caches 1",
-        "population, table caches 64",
+        "population, table caches 1, streams own",
+        "population, table caches 1, streams serial",
+        "population, table caches 64, streams own",
+        "population, table caches 64, streams serial",
         "alone, one after another",
     ]
     for row in got["rows"]:
         assert row["rc"] == 0, row.get("stderr")
         assert all(s["greedy_return"] > 0 and "train_return_last100" in s for s in row["seeds"])
     # the CPU: the same numbers whatever the caches' size, and seed 2 alone as in a population
-    tiny, default, alone = ([s["greedy_return"] for s in r["seeds"]] for r in got["rows"])
-    assert tiny == default and alone == default[1:]
+    tiny, tiny_serial, default, serial, alone = (
+        [s["greedy_return"] for s in r["seeds"]] for r in got["rows"]
+    )
+    assert tiny == tiny_serial == default == serial and alone == default[1:]
     assert json.loads(out.read_text())["k"]["seeds"] == [1, 2]

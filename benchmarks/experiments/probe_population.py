@@ -33,25 +33,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 from population import CONFIG, QUICK, seed_row, summarise, train_argv, warm_up
 from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
-#: the population's process with the table caches resized first (argv: size, then train's)
+#: the population's process with the table caches resized first and the members' CUDA streams
+#: arranged (argv: size, streams, then train's): "own" as shipped (a stream per member),
+#: "serial" a stream per member and the device synchronised after every member's turn (no two
+#: members' work on the GPU at once), "shared" one stream for every member (their work in the
+#: order the host queued it, no host synchronisation)
 _SIZED = (
-    "import sys; import trimtab.kernels._table as t; "
+    "import sys, torch; import trimtab.kernels._table as t; "
+    "import trimtab.rl.run.population as p; "
     "assert hasattr(t, '_CACHE_SIZE') and hasattr(t, '_ARRAY_CACHE_SIZE'), 'renamed caches'; "
+    "assert hasattr(p, '_turn'), 'renamed _turn'; "
     "t._CACHE_SIZE = t._ARRAY_CACHE_SIZE = int(sys.argv[1]); "
-    "from trimtab.cli import main; sys.exit(main(sys.argv[2:]))"
+    "mode, turn, one = sys.argv[2], p._turn, []\n"
+    "def _turn(m):\n"
+    "    if mode == 'shared' and m.device.type == 'cuda' and m.stream is None:\n"
+    "        one = one or [torch.cuda.Stream(m.device)]; m.stream = one[0]\n"
+    "    try:\n"
+    "        return turn(m)\n"
+    "    finally:\n"
+    "        if mode == 'serial' and m.device.type == 'cuda': torch.cuda.synchronize(m.device)\n"
+    "p._turn = _turn\n"
+    "from trimtab.cli import main; sys.exit(main(sys.argv[3:]))"
 )
 
 
-def population_row(args: Any, sets: list[str], size: int, runs: Path,
+def population_row(args: Any, sets: list[str], size: int, streams: str, runs: Path,
                    env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
-    out = runs / f"population-cache{size}"
+    out = runs / f"population-cache{size}-{streams}"
     argv = train_argv(args.config, args.device, sets, "--seeds", *map(str, args.seeds),
                       "--population", "--out", str(out))  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _SIZED, str(size), *argv], capture_output=True,
-                          text=True, env=env)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", _SIZED, str(size), streams, *argv],
+                          capture_output=True, text=True, env=env)  # fmt: skip
     wall = time.perf_counter() - t0
-    row = {"way": f"population, table caches {size}", "table_cache": size, "n": len(args.seeds),
+    row = {"way": f"population, table caches {size}, streams {streams}", "table_cache": size,
+           "streams": streams, "n": len(args.seeds),
            "rc": proc.returncode, "wall_s": wall,
            "seeds": [seed_row(out / f"seed{s}") for s in args.seeds]}  # fmt: skip
     row["summary"] = summarise(row)
@@ -84,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="seeds also run alone, one process after another")  # fmt: skip
     p.add_argument("--table-cache", nargs="+", type=int, default=[64, 1_000_000],
                    help="sizes of the pointer-table caches, one population row each")  # fmt: skip
+    p.add_argument("--streams", nargs="+", choices=["own", "serial", "shared"], default=["own"],
+                   help="the members' CUDA streams (see _SIZED), one population row each")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--runs", type=Path, help="run directories (default: temp)")
     args = p.parse_args(argv)
@@ -93,10 +111,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warm_up(args.config, args.device, sets, runs, env, args.quick)  # every row runs it warm
     record: dict[str, Any] = {**provenance(args.device), "config": str(args.config),
                               "sets": sets, "seeds": args.seeds, "rows": []}  # fmt: skip
-    jobs = [("population", n) for n in args.table_cache] + ([("alone", 0)] if args.alone else [])
-    for way, size in jobs:
+    jobs = [("population", n, s) for n in args.table_cache for s in args.streams]
+    jobs += [("alone", 0, "")] if args.alone else []
+    for way, size, streams in jobs:
         row = (
-            population_row(args, sets, size, runs, env)
+            population_row(args, sets, size, streams, runs, env)
             if way == "population"
             else alone_row(args, sets, runs, env)
         )
