@@ -80,14 +80,23 @@ class CapturedStep:
         return self.out
 
     def _eager(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        current = torch.cuda.current_stream()
+        current, side = torch.cuda.current_stream(), self.side_stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            info = self.step(batch)
+        current.wait_stream(side)
+        return info
+
+    def side_stream(self) -> torch.cuda.Stream:
+        """This step's own stream: its warm-ups run on it, and its graph is captured on it.
+        Captured on a stream of its own, not on ``torch.cuda.graph``'s default capture stream
+        (one for the whole process): cuBLAS's workspace is chosen per stream, and a graph
+        records the workspace of the stream it was captured on, so graphs captured on one
+        stream share a workspace; replayed at once on different streams (the members of a
+        population, each on its own) their matrix products would write it together."""
         if self._side is None:
             self._side = torch.cuda.Stream()
-        self._side.wait_stream(current)
-        with torch.cuda.stream(self._side):
-            info = self.step(batch)
-        current.wait_stream(self._side)
-        return info
+        return self._side
 
     def _capture(self, batch: dict[str, Tensor]) -> None:
         t0 = time.perf_counter()
@@ -95,7 +104,7 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         for g in self.generators:
             graph.register_generator_state(g)
-        with keep_host_copies() as kept, torch.cuda.graph(graph):
+        with keep_host_copies() as kept, torch.cuda.graph(graph, stream=self.side_stream()):
             self.out = self.step(self.static)
         self.graph, self._keep = graph, kept
         self._captured_at = self.addresses()

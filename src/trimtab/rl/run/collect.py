@@ -137,13 +137,19 @@ class Collector:
         return [g for g in gens if g.device.type == "cuda"]
 
     def _on_side_stream(self) -> None:
-        current = torch.cuda.current_stream()
+        current, side = torch.cuda.current_stream(), self._side_stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self.collect(self._clock)  # type: ignore[arg-type]
+        current.wait_stream(side)
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        """This collector's own stream, for its warm-ups and its capture: a graph captured on a
+        stream shared with other graphs would share their cuBLAS workspace (see
+        :meth:`trimtab.rl.agent.graphed.CapturedStep.side_stream`)."""
         if self._side is None:
             self._side = torch.cuda.Stream()
-        self._side.wait_stream(current)
-        with torch.cuda.stream(self._side):
-            self.collect(self._clock)  # type: ignore[arg-type]
-        current.wait_stream(self._side)
+        return self._side
 
     def _capture(self) -> None:
         from trimtab.kernels._table import keep_host_copies
@@ -152,7 +158,7 @@ class Collector:
         graph = torch.cuda.CUDAGraph()
         for g in self._generators():
             graph.register_generator_state(g)
-        with keep_host_copies() as kept, torch.cuda.graph(graph):
+        with keep_host_copies() as kept, torch.cuda.graph(graph, stream=self._side_stream()):
             self.collect(self._clock)  # type: ignore[arg-type]
         self.graph, self._keep = graph, kept
         self.capture_seconds += time.perf_counter() - t0

@@ -1,0 +1,73 @@
+"""On a CUDA device: every graph the trainer captures (a learn step, a collection) is captured on
+a stream of its own, never on ``torch.cuda.graph``'s one default capture stream. cuBLAS's
+workspace is chosen per stream and a graph keeps the workspace of the stream it was captured
+on: graphs captured on one stream share it, and replayed at once on different streams (a
+population's members) their matrix products would write it together."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trimtab.rl.agent.graphed import CapturedStep
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _matmul_step(a: torch.Tensor, out: torch.Tensor):
+    def step(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out.copy_(batch["x"] @ a)  # a long inner dimension: cuBLAS may split it (a workspace)
+        return {"out": out}
+
+    return step
+
+
+def test_each_captured_step_is_captured_on_its_own_stream(monkeypatch):
+    seen: list[torch.cuda.Stream | None] = []
+    real = torch.cuda.graph
+
+    def spy(graph, *args, **kwargs):
+        seen.append(kwargs.get("stream"))
+        return real(graph, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "graph", spy)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(8192, 64, device="cuda", generator=gen)
+    steps = [
+        CapturedStep(_matmul_step(a, torch.empty(64, 64, device="cuda")), [], lambda: (), 1)
+        for _ in range(2)
+    ]
+    x = torch.randn(64, 8192, device="cuda", generator=gen)
+    for s in steps:
+        for _ in range(3):  # a warm-up, the capture and a replay
+            s({"x": x})
+    assert len(seen) == 2 and all(st is not None for st in seen)
+    assert seen[0] is steps[0].side_stream() and seen[1] is steps[1].side_stream()
+    assert seen[0] != seen[1]
+    assert all(st != torch.cuda.graph.default_capture_stream for st in seen)
+
+
+def test_two_graphs_replayed_at_once_on_two_streams_give_the_eager_products():
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    a = [torch.randn(8192, 64, device="cuda", generator=gen) for _ in range(2)]
+    x = [torch.randn(64, 8192, device="cuda", generator=gen) for _ in range(2)]
+    want = [xi @ ai for xi, ai in zip(x, a)]
+    outs = [torch.empty(64, 64, device="cuda") for _ in range(2)]
+    steps = [CapturedStep(_matmul_step(ai, o), [], lambda: (), 1) for ai, o in zip(a, outs)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for s, st, xi in zip(steps, streams, x):
+        with torch.cuda.stream(st):
+            s({"x": xi})  # the warm-up
+            s({"x": xi})  # the capture and its first replay
+    torch.cuda.synchronize()
+    worst = 0.0
+    for _ in range(200):  # both members' replays queued at once, as a population's turns
+        for s, st, xi in zip(steps, streams, x):
+            with torch.cuda.stream(st):
+                s({"x": xi})
+        torch.cuda.synchronize()
+        worst = max(worst, *((o - w).abs().max().item() for o, w in zip(outs, want)))
+    assert worst <= 1e-3 * max(w.abs().max().item() for w in want)
