@@ -6,16 +6,21 @@ process after another), each seed's greedy return, its training episodes' last-1
 its timings, after one warm-up run that fills Triton's cache.
 
     python benchmarks/experiments/probe_population.py --device cuda [--seeds 1 ... 32]
-        [--alone 4 5 6] [--table-cache 64 1000000] [--config examples/cartpole_fast.toml]
-        [--set KEY=VALUE ...] [--out FILE --key NAME]
+        [--alone 4 5 6] [--table-cache 64 1000000] [--streams own serial shared]
+        [--config examples/cartpole_fast.toml] [--set KEY=VALUE ...] [--out FILE --key NAME]
 
-The hypothesis it tests: the tables (``trimtab.kernels._table``: device arrays of tensor
-addresses, cached by those addresses, 64 tables and 256 arrays, least recently used evicted)
-are shared by every CUDA stream of the process; with 32 members a table can be evicted and its
-memory reused on the stream that built it while another member's stream still has a kernel to
-read it. If the members learn as they do alone with caches that never evict, and not without,
-the eviction is the cause. ``--table-cache N`` sets both caches' sizes in the population's
-process (``_CACHE_SIZE`` and ``_ARRAY_CACHE_SIZE``); each size is one row.
+What it tested: first, that the tables (``trimtab.kernels._table``: device arrays of tensor
+addresses, cached by those addresses, least recently used evicted) were evicted and their
+memory reused on one member's stream while another's kernel still read them.
+``--table-cache N`` sets both caches' sizes in the population's process (``_CACHE_SIZE`` and
+``_ARRAY_CACHE_SIZE``); each size is a row. Refuted (record ``probe_393ab48``: caches that
+never evict learned no better; the members' training returns, not only their greedy ones, were
+far below the seeds' alone). ``--streams`` arranges the members' CUDA streams (``_SIZED``),
+each arrangement a row, to tell a race between members' streams from other causes. The cause
+found meanwhile: every graph was captured on ``torch.cuda.graph``'s one default capture
+stream, so all shared that stream's cuBLAS workspace and the members' concurrent replays wrote
+it together; each graph now has a capture stream of its own (record ``pop32_45868e1``: 25 of
+32 solved, median training return 494).
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--table-cache", nargs="+", type=int, default=[64, 1_000_000],
                    help="sizes of the pointer-table caches, one population row each")  # fmt: skip
     p.add_argument("--streams", nargs="+", choices=["own", "serial", "shared"], default=["own"],
-                   help="the members' CUDA streams (see _SIZED), one population row each")
+                   help="the members' CUDA streams (_SIZED), a population row each")  # fmt: skip
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--runs", type=Path, help="run directories (default: temp)")
     args = p.parse_args(argv)

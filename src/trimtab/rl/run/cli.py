@@ -68,8 +68,7 @@ def add_commands(sub: Any) -> None:
         "--population",
         action="store_true",
         help="with --seeds: no Ray, every seed at once in this process, stepped in turn, each "
-        "on a CUDA stream of its own (on a GPU their steps overlap; 32 seeds there learned "
-        "worse than 3: the sweeps guide)",
+        "on a CUDA stream of its own (on a GPU their steps overlap: the sweeps guide)",
     )
     p.add_argument(
         "--cpus", type=int, help="with --seeds: CPUs of the local Ray instance (default: all)"

@@ -50,8 +50,8 @@ def add_command(sub: Any) -> None:
                    help="no Ray: run the trials one after another in this process")  # fmt: skip
     p.add_argument("--population", action="store_true",
                    help="no Ray: run every trial at once in this process, stepped in turn, each "
-                   "on a CUDA stream of its own (on a GPU their steps overlap; 32 trials there "
-                   "learned worse than 3: the sweeps guide)")  # fmt: skip
+                   "on a CUDA stream of its own (on a GPU their steps overlap: the sweeps "
+                   "guide)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
     p.set_defaults(func=cmd_sweep)
 
