@@ -36,6 +36,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "cartpole_ablation",
             "cartpole_weight_headroom",
             "cleanrl_cpu",
+            "profile_cpu_step",
         ],
     ),
     "stability": (
