@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             c0 = time.thread_time()
             _steps(m, steps)
             m["cpu_ms"].append(1e3 * (time.thread_time() - c0) / steps)
-    record: dict[str, Any] = {**provenance("cpu"), "config": str(args.config), "sets": sets,
+    config = args.config.resolve()
+    shown = config.relative_to(ROOT) if config.is_relative_to(ROOT) else config
+    record: dict[str, Any] = {**provenance("cpu"), "config": shown.as_posix(), "sets": sets,
                               "steps": steps, "rounds": rounds, "modes": {}}  # fmt: skip
     for mode, m in modes.items():
         row = {"step_cpu_ms": statistics.median(m["cpu_ms"]),

@@ -36,6 +36,7 @@ SCRIPTS: dict[str, str] = {
     "probe_compile": "probe_compile",
     "probe_histogram": "probe_histogram",
     "probe_warps": "probe_warps",
+    "profile_cpu_step": "profile_cpu_step",
     "profile_graph": "profile_graph",
     "profile_host": "profile_step",
     "profile_loop": "profile_loop",
