@@ -86,3 +86,22 @@ def test_config_reference_names_the_pages_it_links_by_their_titles():
         page.link_text("guides/stability.md#nowhere")
     with pytest.raises(ValueError, match="does not exist"):
         page.link_text("guides/missing.md")
+
+
+#: a test file or a script named in prose, with an optional ``::test_name``
+_CODE_PATH = re.compile(r"`((?:tests|benchmarks|examples)/[\w/.-]+\.(?:py|toml|sh))(?:::(\w+))?`")
+
+
+def test_every_test_and_script_the_docs_name_exists():
+    """A path the prose names in backticks (a test, a benchmark, an example), and a test it
+    names after ``::``, exists: the strict build checks links, not these."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    missing = []
+    for page in pages:
+        for path, test in _CODE_PATH.findall(page.read_text()):
+            target = ROOT / path
+            if not target.is_file():
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+            elif test and not re.search(rf"^def {test}\(", target.read_text(), re.M):
+                missing.append(f"{page.relative_to(ROOT)}: {path}::{test}")
+    assert not missing, missing
