@@ -8,6 +8,8 @@ import json
 import re
 from typing import Any
 
+from markdown.extensions.toc import slugify
+
 from gen import ROOT
 from gen.markdown import table
 
@@ -101,16 +103,6 @@ def _allowed(v: Any) -> str:
 _DOCS_REF = re.compile(r"docs: ([a-z-]+/[a-z0-9-]+\.md(?:#[a-z0-9-]+)?)")
 
 
-def _slug(heading: str) -> str:
-    """A heading's anchor as the site's table of contents makes it (Python-Markdown's toc
-    ``slugify``: ASCII, lower case, word characters, spaces and hyphens to one hyphen)."""
-    import unicodedata
-
-    text = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode("ascii")
-    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
-    return re.sub(r"[-\s]+", "-", text)
-
-
 def link_text(ref: str) -> str:
     """What a cited page (``guides/stability.md#where-a-clamp-binds``) is called on the site:
     its title, and the section's heading where the reference names one. A page or section that
@@ -128,7 +120,9 @@ def link_text(ref: str) -> str:
     title = headings[0] if headings else page
     if not anchor:
         return title
-    section = next((h for h in headings if _slug(h) == anchor), None)
+    # the anchor the site's table of contents gives a heading (mkdocs.yml's toc: its default
+    # slugify)
+    section = next((h for h in headings if slugify(h, "-") == anchor), None)
     if section is None:
         raise ValueError(f"a config comment cites docs: {ref}, but docs/{page} has no "
                          f"heading whose anchor is #{anchor}")  # fmt: skip
