@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from trimtab.kernels._table import keep_host_copies
 
-__all__ = ["WARMUP_STEPS", "Beside", "CapturedStep"]
+__all__ = ["WARMUP_STEPS", "Beside", "CapturedStep", "OwnStream"]
 
 #: Eager steps on a side stream before the capture: lazily built state (optimizer moments, the
 #: sentinel's pointer tables of persistent buffers, Triton specialisations, the moments' slots
@@ -29,6 +30,7 @@ __all__ = ["WARMUP_STEPS", "Beside", "CapturedStep"]
 WARMUP_STEPS = 3
 
 Step = Callable[[dict[str, Tensor]], dict[str, Tensor]]
+T = TypeVar("T")
 
 
 class CapturedStep:
@@ -67,7 +69,7 @@ class CapturedStep:
         self.captures, self.capture_seconds = 0, 0.0
         self._captured_at: tuple[int, ...] = ()
         self._keep: list[Tensor] = []  # tables, workspaces, pinned copies the graph reads
-        self._side: torch.cuda.Stream | None = None
+        self._own = OwnStream()  # the warm-ups' and the capture's stream
 
     def __call__(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         if self.graph is None:
@@ -80,23 +82,12 @@ class CapturedStep:
         return self.out
 
     def _eager(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        current, side = torch.cuda.current_stream(), self.side_stream()
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            info = self.step(batch)
-        current.wait_stream(side)
-        return info
+        return self._own.run(self.step, batch)
 
     def side_stream(self) -> torch.cuda.Stream:
-        """This step's own stream: its warm-ups run on it, and its graph is captured on it.
-        Captured on a stream of its own, not on ``torch.cuda.graph``'s default capture stream
-        (one for the whole process): cuBLAS's workspace is chosen per stream, and a graph
-        records the workspace of the stream it was captured on, so graphs captured on one
-        stream share a workspace; replayed at once on different streams (the members of a
-        population, each on its own) their matrix products would write it together."""
-        if self._side is None:
-            self._side = torch.cuda.Stream()
-        return self._side
+        """This step's own stream (:class:`OwnStream`): its warm-ups run on it, and its graph
+        is captured on it."""
+        return self._own.stream
 
     def _capture(self, batch: dict[str, Tensor]) -> None:
         t0 = time.perf_counter()
@@ -104,7 +95,7 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         for g in self.generators:
             graph.register_generator_state(g)
-        with keep_host_copies() as kept, torch.cuda.graph(graph, stream=self.side_stream()):
+        with keep_host_copies() as kept, self._own.capture(graph):
             self.out = self.step(self.static)
         self.graph, self._keep = graph, kept
         self._captured_at = self.addresses()
@@ -145,6 +136,39 @@ class CapturedStep:
         """Forget the graph (the next :attr:`warmup` calls run eagerly, then it recaptures)."""
         self.graph, self.static, self.out, self._keep = None, {}, {}, []
         self.warm = 0
+
+
+class OwnStream:
+    """The CUDA stream of one captured graph's owner (a learn step, a collection), made at first
+    use: its eager warm-ups run on it (:meth:`run`) and its graph is captured on it
+    (:meth:`capture`), never on ``torch.cuda.graph``'s default capture stream, which is one for
+    the whole process. cuBLAS's workspace is chosen per stream, and a graph records the
+    workspace of the stream it was captured on: graphs captured on one stream share a
+    workspace, and replayed at once on different streams (the members of a population, each on
+    its own) their matrix products would write it together."""
+
+    def __init__(self) -> None:
+        self._stream: torch.cuda.Stream | None = None
+
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
+    def run(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on this stream, ordered after the current stream's work and before its
+        next (the streams wait on each other on the device: no host sync)."""
+        current, own = torch.cuda.current_stream(), self.stream
+        own.wait_stream(current)
+        with torch.cuda.stream(own):
+            out = fn(*args)
+        current.wait_stream(own)
+        return out
+
+    def capture(self, graph: torch.cuda.CUDAGraph) -> torch.cuda.graph:
+        """``torch.cuda.graph(graph)`` captured on this stream."""
+        return torch.cuda.graph(graph, stream=self.stream)
 
 
 class Beside:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from trimtab.rl.agent.dqn import DQNAgent
+from trimtab.rl.agent.graphed import OwnStream
 from trimtab.rl.agent.replay import ReplayBuffer
 from trimtab.rl.envs.protocol import EnvAdapter
 
@@ -80,7 +81,7 @@ class Collector:
         self.warm = 0
         self.capture_seconds = 0.0
         self._keep: list[Tensor] = []
-        self._side: torch.cuda.Stream | None = None
+        self._own = OwnStream()  # the warm-ups' and the capture's stream
 
     def start(self, obs: Tensor, env_steps: int) -> None:
         """The fold's first observation (or a resumed one) and the global env-step count."""
@@ -102,7 +103,7 @@ class Collector:
             self.collect(env_steps)
         elif self.warm < self.warmup:
             self.warm += 1
-            self._on_side_stream()
+            self._own.run(self.collect, self._clock)
         else:
             self._capture()
             self.graph.replay()  # type: ignore[union-attr]
@@ -136,21 +137,6 @@ class Collector:
         gens = [self.agent.generator, *self.adapter.generators()]
         return [g for g in gens if g.device.type == "cuda"]
 
-    def _on_side_stream(self) -> None:
-        current, side = torch.cuda.current_stream(), self._side_stream()
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            self.collect(self._clock)  # type: ignore[arg-type]
-        current.wait_stream(side)
-
-    def _side_stream(self) -> torch.cuda.Stream:
-        """This collector's own stream, for its warm-ups and its capture: a graph captured on a
-        stream shared with other graphs would share their cuBLAS workspace (see
-        :meth:`trimtab.rl.agent.graphed.CapturedStep.side_stream`)."""
-        if self._side is None:
-            self._side = torch.cuda.Stream()
-        return self._side
-
     def _capture(self) -> None:
         from trimtab.kernels._table import keep_host_copies
 
@@ -158,7 +144,7 @@ class Collector:
         graph = torch.cuda.CUDAGraph()
         for g in self._generators():
             graph.register_generator_state(g)
-        with keep_host_copies() as kept, torch.cuda.graph(graph, stream=self._side_stream()):
+        with keep_host_copies() as kept, self._own.capture(graph):
             self.collect(self._clock)  # type: ignore[arg-type]
         self.graph, self._keep = graph, kept
         self.capture_seconds += time.perf_counter() - t0
