@@ -37,7 +37,7 @@ _VIEWS = {"detach", "view", "unsqueeze", "squeeze", "select", "reshape", "t", "e
           "_record_function_exit"}  # fmt: skip
 
 
-class _Count(TorchDispatchMode):
+class OpCount(TorchDispatchMode):
     """Counts non-view aten ops by the innermost trimtab file that issued them."""
 
     def __init__(self) -> None:
@@ -84,10 +84,10 @@ def count_mode(mode: str) -> dict[str, Any]:
     learner.agent.act(obs, 100)
     steps = []
     for _ in range(every):
-        with _Count() as c:
+        with OpCount() as c:
             learn()
         steps.append(c.counts)
-    with _Count() as acts:
+    with OpCount() as acts:
         for i in range(4):
             learner.agent.act(obs, 100 + i)
     total = sum(steps, collections.Counter())

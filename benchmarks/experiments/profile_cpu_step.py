@@ -12,13 +12,15 @@ interleaved (``--rounds`` rounds of ``--steps`` steps of each mode in turn; the 
 this thread's CPU time, which other jobs on a shared machine inflate least). Then each part of
 :meth:`trimtab.rl.agent.learner.Learner.guarded_step` is timed alone over the same number of
 steps (``time.perf_counter`` around each call: on the CPU nothing runs asynchronously, so the
-parts add up to the step), with the aten operations the step dispatches counted (views left
-out). Prints a table; ``--out`` adds a JSON record (machine, date, commit).
+parts add up to the step), with the aten operations the step dispatches counted as
+``probe_cartpole_ops.py`` counts them (views left out). Prints a table; ``--out`` adds a JSON
+record (machine, date, commit).
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -26,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the experiments
+from probe_cartpole_ops import OpCount  # one definition of what counts as an op
 
 from trimtab.benchmarking import benchmark_parser, provenance, save_record
 
@@ -50,22 +54,6 @@ PARTS = [
     ("sentinel: optimizer", "guard", "check_weights"),
     ("replay sample", "replay", "sample"),
 ]
-_VIEWS = {"detach", "view", "unsqueeze", "squeeze", "select", "reshape", "t", "expand", "slice",
-          "_unsafe_view", "as_strided", "alias", "permute", "transpose", "split", "unbind",
-          "_reshape_alias", "chunk", "narrow", "unflatten", "flatten", "lift_fresh"}  # fmt: skip
-
-
-class _Ops(TorchDispatchMode):
-    """Counts the aten operations dispatched inside it (views left out)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func.__name__.split(".")[0] not in _VIEWS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _config(path: Path, mode: str, sets: list[str]) -> Any:
@@ -149,10 +137,9 @@ def parts(m: dict[str, Any], n: int) -> dict[str, float]:
 
 
 def ops_per_step(m: dict[str, Any], n: int) -> float:
-    ops = _Ops()
-    with ops:
+    with OpCount() as ops:
         _steps(m, n)
-    return ops.count / n
+    return sum(ops.counts.values()) / n
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
