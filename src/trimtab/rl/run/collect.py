@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trimtab.kernels._table import keep_host_copies
 from trimtab.rl.agent.dqn import DQNAgent
 from trimtab.rl.agent.graphed import OwnStream
 from trimtab.rl.agent.replay import ReplayBuffer
@@ -138,8 +139,6 @@ class Collector:
         return [g for g in gens if g.device.type == "cuda"]
 
     def _capture(self) -> None:
-        from trimtab.kernels._table import keep_host_copies
-
         t0 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         for g in self._generators():
