@@ -239,6 +239,10 @@ def test_a_short_run_on_the_torch_env_trains_and_evaluates(tmp_path, monkeypatch
     assert 8 <= summary["train_return_last100"] <= 500
     for name in ("summary.json", "sentinel.json", "report.html", "checkpoints/fold_0.pt"):
         assert (tmp_path / "torch" / name).is_file(), name
+    # the loop's time, and of it the fold's greedy evaluation and its end-of-fold checkpoint
+    t = summary["timings"]
+    assert t["evaluate_s"] >= 0 and t["checkpoint_s"] >= 0  # rounded to 0.01 s
+    assert t["evaluate_s"] + t["checkpoint_s"] <= t["loop_s"]
     # every stored successor is the true next state, also where an episode ended (Euler step)
     replay = made[0]
     n = len(replay)
@@ -246,6 +250,31 @@ def test_a_short_run_on_the_torch_env_trains_and_evaluates(tmp_path, monkeypatch
     torch.testing.assert_close(next_obs[:, 0], obs[:, 0] + 0.02 * obs[:, 1], atol=1e-5, rtol=0)
     fell = (next_obs[:, 2].abs() > THETA_THRESHOLD) | (next_obs[:, 0].abs() > X_THRESHOLD)
     assert torch.equal(discount == 0, fell) and int(fell.sum()) > 10
+
+
+@pytest.mark.gpu
+def test_a_captured_greedy_evaluation_gives_the_eager_returns(tmp_path, monkeypatch):
+    from trimtab.lifecycle import Lifecycle
+    from trimtab.rl.agent.learner import build_learner
+
+    replays = []
+    real = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda g: replays.append(1) or real(g))
+    device, rows, counts = torch.device("cuda"), {}, {}
+    for graph in ("off", "on"):
+        cfg = _config(tmp_path / graph, TORCH, 'run.device="cuda"', f'run.cuda_graph="{graph}"',
+                      "gym.eval_episodes=64")  # fmt: skip
+        adapter = TorchCartPoleAdapter(cfg, device)
+        torch.manual_seed(0)
+        with Lifecycle():
+            learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
+        replays.clear()
+        rows[graph], _ = adapter.evaluate(learner.agent, 0)
+        counts[graph] = len(replays)
+    assert rows["on"] == rows["off"]
+    assert rows["on"]["min_return"] < rows["on"]["max_return"]  # episodes of several lengths
+    # eager: no graph; captured: one eager step, then a replay for each of the others
+    assert counts == {"off": 0, "on": MAX_EPISODE_STEPS - 1}
 
 
 def test_an_interrupted_torch_env_run_resumes_exactly(tmp_path):

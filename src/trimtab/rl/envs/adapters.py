@@ -367,20 +367,33 @@ class TorchCartPoleAdapter(GymAdapter):
 
     def evaluate(self, agent: Any, k: int) -> tuple[dict[str, Any], None]:
         """Undiscounted returns of ``gym.eval_episodes`` greedy episodes: as many fresh torch
-        envs, each stepped until its first episode ends (at most 500 steps)."""
+        envs, each stepped until its first episode ends (at most 500 steps). Where the run
+        captures CUDA graphs (``run.cuda_graph``), one greedy step is captured after one eager
+        step and replayed for the rest: the same kernels on the same buffers, one launch a step
+        instead of the act's and the env's dozens (what a GPU evaluation's host time is)."""
+        from trimtab.rl.agent.graphed import CapturedStep
+        from trimtab.rl.config import uses_cuda_graph
         from trimtab.rl.envs.cartpole import BatchedCartPole
 
         n = self.cfg.gym.eval_episodes
         env = BatchedCartPole(n, device=self.device, seed=10_000 + self.cfg.run.seed)
-        obs = env.reset()
+        obs = env.reset().clone()  # the step's static input, overwritten by each step
         returns = torch.zeros(n, dtype=torch.float64, device=self.device)
         running = torch.ones(n, dtype=torch.bool, device=self.device)
+
+        def greedy_step(_: dict[str, Tensor]) -> dict[str, Tensor]:
+            r = env.step(agent.act(obs, 0, greedy=True)[:, 0])
+            returns.add_(r.reward.double() * running)
+            running.logical_and_(~(r.terminated | r.truncated))
+            obs.copy_(r.obs)
+            return {}
+
+        step = greedy_step
+        if uses_cuda_graph(self.cfg.run, self.device):  # reset draws: the env's generator
+            step = CapturedStep(greedy_step, [env.generator], addresses=lambda: (), warmup=1)
         host = self.device.type == "cpu"
         for _ in range(env.max_episode_steps):  # every first episode has ended by then
-            r = env.step(agent.act(obs, 0, greedy=True)[:, 0])
-            returns += r.reward.double() * running
-            running &= ~(r.terminated | r.truncated)
-            obs = r.obs
+            step({})
             # on the CPU (where a read waits for nothing) stop once every first episode ended:
             # the later steps add nothing to the returns and draw from this env's own generator
             if host and not running.any():

@@ -252,6 +252,7 @@ def _run(
             fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
     halted: str | None = None
     looping = time.perf_counter()
+    fold_ends = {"evaluate_s": 0.0, "checkpoint_s": 0.0}  # of the loop: its folds' ends
     try:
         while prog.fold < adapter.n_folds:
             if prog.fold_step == 0 and prog.env_steps == 0 and prog.fold > 0:
@@ -263,7 +264,9 @@ def _run(
             if halted:
                 break
             # evaluate the greedy policy (market: out of sample on the next window)
+            t0 = time.perf_counter()
             row, curves = adapter.evaluate(learner.agent, plan.index)
+            fold_ends["evaluate_s"] += time.perf_counter() - t0
             row.update(steps=prog.fold_step, nonfinite=learner.nonfinite_count())
             prog.fold_rows.append(row)
             if curves is not None and main:
@@ -272,8 +275,10 @@ def _run(
             prog.fold += 1
             prog.fold_step = prog.env_steps = 0
             if main:
+                t0 = time.perf_counter()
                 save_checkpoint(run_dir, cfg, learner, prog, fold_end=plan.index,
                                 normalizer=adapter.normalizer_state())  # fmt: skip
+                fold_ends["checkpoint_s"] += time.perf_counter() - t0
     except KeyboardInterrupt:
         redo = prog.global_step - prog.saved_step
         raise RunInterrupted(
@@ -291,7 +296,8 @@ def _run(
         log.close()
     try:
         return _finish(cfg, adapter, learner, prog, life, run_dir, main, ranks, halted,
-                       identity, device, entered, looping, precompiled, report)  # fmt: skip
+                       identity, device, entered, looping, precompiled, report,
+                       fold_ends)  # fmt: skip
     except KeyboardInterrupt:
         raise RunInterrupted(
             f"interrupted while writing the summary and report; `trimtab train --resume "
@@ -315,10 +321,13 @@ def _finish(
     looping: float,
     precompiled: dict[str, Any] | None = None,
     report: Callable[[Path], Any] | None = None,
+    fold_ends: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The run's summary, sentinel report and report, written once training is over (or
     halted); a run stopped in here is finished by ``--resume``. ``timings.report_s``: the
-    report's time here (a population's hand-off to a worker process, which builds it)."""
+    report's time here (a population's hand-off to a worker process, which builds it);
+    ``fold_ends``: the seconds of the loop its folds' greedy evaluations and end-of-fold
+    checkpoints took (``evaluate_s``, ``checkpoint_s``)."""
     summary = {
         "run_dir": str(run_dir),
         "env": cfg.env.name,
@@ -345,9 +354,11 @@ def _finish(
     if precompiled is not None:  # the kernel variants compiled by workers before the run
         summary["precompile"] = precompiled
     # This process's wall time by part: data and env, the learner (CUDA set-up included) and
-    # the run directory; the loop (training, evaluation, checkpoints); the report. What it
-    # spent before train() (interpreter, imports) is the rest of its wall time.
-    timings = {"setup_s": looping - entered, "loop_s": time.perf_counter() - looping}
+    # the run directory; the loop (training, evaluation, checkpoints), and of it the folds'
+    # evaluations and end-of-fold checkpoints; the report. What it spent before train()
+    # (interpreter, imports) is the rest of its wall time.
+    timings = {"setup_s": looping - entered, "loop_s": time.perf_counter() - looping,
+               **(fold_ends or {})}  # fmt: skip
     summary["timings"] = {k: round(v, 2) for k, v in timings.items()}
     if main:
         ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
