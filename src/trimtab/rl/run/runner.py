@@ -252,21 +252,21 @@ def _run(
             fh.writelines(f"warning: {w}\n" for w in adapter.summary([]).get("data_warnings", []))
     halted: str | None = None
     looping = time.perf_counter()
-    fold_ends = {"evaluate_s": 0.0, "checkpoint_s": 0.0}  # of the loop: its folds' ends
+    spent = {"evaluate_s": 0.0, "checkpoint_s": 0.0}  # of the loop's time (see _finish)
     try:
         while prog.fold < adapter.n_folds:
             if prog.fold_step == 0 and prog.env_steps == 0 and prog.fold > 0:
                 life.fold_boundary()  # moments, target nets, slots, sentinel: all together
             plan = adapter.plan(prog.fold)
             halted = yield from _train_fold(cfg, adapter, plan, learner, prog, log, run_dir,
-                                            fold_state, stop_after, ranks)  # fmt: skip
+                                            fold_state, stop_after, ranks, spent)  # fmt: skip
             fold_state = None
             if halted:
                 break
             # evaluate the greedy policy (market: out of sample on the next window)
             t0 = time.perf_counter()
             row, curves = adapter.evaluate(learner.agent, plan.index)
-            fold_ends["evaluate_s"] += time.perf_counter() - t0
+            spent["evaluate_s"] += time.perf_counter() - t0
             row.update(steps=prog.fold_step, nonfinite=learner.nonfinite_count())
             prog.fold_rows.append(row)
             if curves is not None and main:
@@ -278,7 +278,7 @@ def _run(
                 t0 = time.perf_counter()
                 save_checkpoint(run_dir, cfg, learner, prog, fold_end=plan.index,
                                 normalizer=adapter.normalizer_state())  # fmt: skip
-                fold_ends["checkpoint_s"] += time.perf_counter() - t0
+                spent["checkpoint_s"] += time.perf_counter() - t0
     except KeyboardInterrupt:
         redo = prog.global_step - prog.saved_step
         raise RunInterrupted(
@@ -297,7 +297,7 @@ def _run(
     try:
         return _finish(cfg, adapter, learner, prog, life, run_dir, main, ranks, halted,
                        identity, device, entered, looping, precompiled, report,
-                       fold_ends)  # fmt: skip
+                       spent)  # fmt: skip
     except KeyboardInterrupt:
         raise RunInterrupted(
             f"interrupted while writing the summary and report; `trimtab train --resume "
@@ -321,13 +321,13 @@ def _finish(
     looping: float,
     precompiled: dict[str, Any] | None = None,
     report: Callable[[Path], Any] | None = None,
-    fold_ends: dict[str, float] | None = None,
+    spent: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The run's summary, sentinel report and report, written once training is over (or
     halted); a run stopped in here is finished by ``--resume``. ``timings.report_s``: the
     report's time here (a population's hand-off to a worker process, which builds it);
-    ``fold_ends``: the seconds of the loop its folds' greedy evaluations and end-of-fold
-    checkpoints took (``evaluate_s``, ``checkpoint_s``)."""
+    ``spent``: the seconds of the loop that its folds' greedy evaluations and its checkpoints
+    (mid-fold and end-of-fold) took, ``evaluate_s`` and ``checkpoint_s``."""
     summary = {
         "run_dir": str(run_dir),
         "env": cfg.env.name,
@@ -355,10 +355,10 @@ def _finish(
         summary["precompile"] = precompiled
     # This process's wall time by part: data and env, the learner (CUDA set-up included) and
     # the run directory; the loop (training, evaluation, checkpoints), and of it the folds'
-    # evaluations and end-of-fold checkpoints; the report. What it spent before train()
-    # (interpreter, imports) is the rest of its wall time.
+    # evaluations and the checkpoints; the report. What it spent before train() (interpreter,
+    # imports) is the rest of its wall time.
     timings = {"setup_s": looping - entered, "loop_s": time.perf_counter() - looping,
-               **(fold_ends or {})}  # fmt: skip
+               **(spent or {})}  # fmt: skip
     summary["timings"] = {k: round(v, 2) for k, v in timings.items()}
     if main:
         ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
@@ -383,9 +383,11 @@ def _train_fold(
     fold_state: dict[str, Any] | None,
     stop_after: int | None,
     ranks: Ranks | None = None,
+    spent: dict[str, float] | None = None,
 ) -> Generator[None, None, str | None]:
     """Train one fold to its plan, yielding after every batched env step and its gradient
-    steps; returns the sentinel's halt message, if it fired."""
+    steps; returns the sentinel's halt message, if it fired. ``spent["checkpoint_s"]`` gains
+    the seconds its checkpoints take."""
     agent, device = learner.agent, torch.device(cfg.run.device)
     env_seed, sample_seed = fold_seeds(cfg.run.seed, plan.index)
     obs = adapter.open_fold(plan.index, env_seed)
@@ -448,6 +450,7 @@ def _train_fold(
             if halted:
                 _close(bar)
                 return halted
+            t0 = time.perf_counter()  # the fold's state copied to the host, and the file
             fold = {"env": adapter.state_dict(), "replay": replay.state_dict(),
                     "generator": generator.get_state(), "obs": collector.obs.cpu(),
                     "episodes": collector.episodes().cpu()}  # fmt: skip
@@ -455,6 +458,8 @@ def _train_fold(
                 fold = ranks.gather_fold_state(fold, learner)
             if main:
                 save_checkpoint(run_dir, cfg, learner, prog, fold_state=fold)
+            if spent is not None:
+                spent["checkpoint_s"] += time.perf_counter() - t0
         if stop_after is not None and prog.global_step >= stop_after:
             _close(bar)
             raise TrainingInterrupted(f"stopped after {prog.global_step} steps (test hook)")
