@@ -12,7 +12,9 @@ after a side-stream warm-up; the "CUDA Graphs" notes of the CUDA semantics docs)
 
 from __future__ import annotations
 
+import ctypes
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from trimtab.kernels._table import keep_host_copies
 
-__all__ = ["WARMUP_STEPS", "Beside", "CapturedStep", "OwnStream"]
+__all__ = ["WARMUP_STEPS", "Beside", "CapturedStep", "OwnStream", "dedicated_stream"]
 
 #: Eager steps on a side stream before the capture: lazily built state (optimizer moments, the
 #: sentinel's pointer tables of persistent buffers, Triton specialisations, the moments' slots
@@ -139,13 +141,16 @@ class CapturedStep:
 
 
 class OwnStream:
-    """The CUDA stream of one captured graph's owner (a learn step, a collection), made at first
-    use: its eager warm-ups run on it (:meth:`run`) and its graph is captured on it
-    (:meth:`capture`), never on ``torch.cuda.graph``'s default capture stream, which is one for
-    the whole process. cuBLAS's workspace is chosen per stream, and a graph records the
-    workspace of the stream it was captured on: graphs captured on one stream share a
+    """The CUDA stream of one captured graph's owner (a learn step, a collection, an
+    evaluation), made at first use (:func:`dedicated_stream`): its eager warm-ups run on it
+    (:meth:`run`) and its graph is captured on it (:meth:`capture`), never on
+    ``torch.cuda.graph``'s default capture stream, which is one for the whole process, nor on a
+    stream another object holds. cuBLAS's workspace is chosen per stream, and a graph records
+    the workspace of the stream it was captured on: graphs captured on one stream share a
     workspace, and replayed at once on different streams (the members of a population, each on
-    its own) their matrix products would write it together."""
+    its own) their matrix products would write it together; destroying one of them frees the
+    workspace the others still read (PyTorch clears a capture stream's workspaces when its
+    graph is destroyed)."""
 
     def __init__(self) -> None:
         self._stream: torch.cuda.Stream | None = None
@@ -153,7 +158,7 @@ class OwnStream:
     @property
     def stream(self) -> torch.cuda.Stream:
         if self._stream is None:
-            self._stream = torch.cuda.Stream()
+            self._stream = dedicated_stream()
         return self._stream
 
     def run(self, fn: Callable[..., T], *args: object) -> T:
@@ -169,6 +174,37 @@ class OwnStream:
     def capture(self, graph: torch.cuda.CUDAGraph) -> torch.cuda.graph:
         """``torch.cuda.graph(graph)`` captured on this stream."""
         return torch.cuda.graph(graph, stream=self.stream)
+
+
+#: the streams :func:`dedicated_stream` made: never destroyed (a destroyed stream's handle can
+#: be a later stream's, and with it the workspaces PyTorch keys by that handle)
+_DEDICATED: list[torch.cuda.Stream] = []
+
+
+def dedicated_stream() -> torch.cuda.Stream:
+    """A CUDA stream (on the current device) that no other object of this process holds, for
+    the rest of the process: made by the CUDA runtime (``cudaStreamCreate``, through
+    ``torch.cuda.cudart()``) and wrapped as a ``torch.cuda.ExternalStream``. ``torch.cuda.Stream()``
+    hands out the streams of a pool, 32 per device and priority, round robin: a process that
+    makes more (a population of 32 runs makes 96) gets streams that other objects already
+    hold. A torch without that binding gets a pool stream, with a warning."""
+    cudart = torch.cuda.cudart()
+    create = getattr(cudart, "cudaStreamCreate", None)
+    if create is None:
+        warnings.warn(
+            "torch.cuda.cudart() has no cudaStreamCreate: a captured graph gets a stream of "
+            "torch's pool of 32, which more than 32 graphs in one process share",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return torch.cuda.Stream()
+    handle = ctypes.c_void_p(0)
+    error = create(ctypes.addressof(handle))
+    if int(error) != 0 or not handle.value:
+        raise RuntimeError(f"cudaStreamCreate failed: {error}")
+    stream = torch.cuda.ExternalStream(handle.value, device=torch.cuda.current_device())
+    _DEDICATED.append(stream)
+    return stream
 
 
 class Beside:
