@@ -1,11 +1,12 @@
 """Many seeds in one process: ``trimtab train --seeds S1 S2 ... --population`` (every seed a member
 of one population in one process, each on a CUDA stream of its own) beside the same seeds as
-separate processes started at once (the way without it), on one device: the whole command's
+separate processes started at once (the way without it) or one after another in one process
+(``--serial``: each seed alone on the device), on one device: the whole command's
 wall time (start-up, CUDA initialisation, compiling, training, the greedy evaluation and the
 reports included) and each seed's greedy return over ``gym.eval_episodes`` episodes.
 
     python benchmarks/population.py --device cuda [--config examples/cartpole_gpu.toml]
-        [--seeds 1 2 3] [--ways population processes] [--set KEY=VALUE ...]
+        [--seeds 1 2 3] [--ways population processes serial] [--set KEY=VALUE ...]
         [--out benchmarks/results/population_h200.json] [--key NAME]
 
 A warm-up run (a few updates of the same config) fills this machine's Triton cache first, so
@@ -75,15 +76,17 @@ def seed_row(run_dir: Path) -> dict[str, Any]:
             "halted": s["halted"]}  # fmt: skip
 
 
-def population(config: Path, device: str, sets: list[str], seeds: list[int], runs: Path,
-               env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
-    out = runs / f"population-{len(seeds)}"
-    cmd = _cmd(config, device, sets, "--seeds", *map(str, seeds), "--population", "--out",
+def one_process(way: str, config: Path, device: str, sets: list[str], seeds: list[int],
+                runs: Path, env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """The seeds in one ``trimtab train --seeds`` process: ``way`` ``"population"`` (every seed
+    at once, ``--population``) or ``"serial"`` (one after another, each alone on the device)."""
+    out = runs / f"{way}-{len(seeds)}"
+    cmd = _cmd(config, device, sets, "--seeds", *map(str, seeds), f"--{way}", "--out",
                str(out))  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
-    row = {"way": "population", "n": len(seeds), "rc": proc.returncode, "wall_s": wall,
+    row = {"way": way, "n": len(seeds), "rc": proc.returncode, "wall_s": wall,
            "seeds": [seed_row(out / f"seed{s}") for s in seeds]}  # fmt: skip
     if proc.returncode != 0:
         row["stderr"] = proc.stderr[-2000:]
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          quick_writes=False, device="auto", key=True)  # fmt: skip
     p.add_argument("--config", type=Path, default=CONFIG)
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    p.add_argument("--ways", nargs="+", choices=["population", "processes"],
+    p.add_argument("--ways", nargs="+", choices=["population", "processes", "serial"],
                    default=["population", "processes"])  # fmt: skip
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--runs", type=Path, help="run directories (default: temp)")
@@ -135,8 +138,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     key = args.key or record_key(prov)  # one record, saved again after every row
     rows = []
     for way in args.ways:
-        run = population if way == "population" else processes
-        row = run(args.config, args.device, sets, args.seeds, runs, env)
+        if way == "processes":
+            row = processes(args.config, args.device, sets, args.seeds, runs, env)
+        else:
+            row = one_process(way, args.config, args.device, sets, args.seeds, runs, env)
         rows.append(row)
         print(json.dumps(summarise(row)), flush=True)
         if args.out is not None:  # saved row by row: a call cut short keeps what ran
