@@ -98,10 +98,12 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "ema_bank",
             "ema_alarm",
             "quantile",
+            "quantile_h100",
             "sentinel",
             "sentinel_share",
             "sentinel_block_h100",
             "optim",
+            "optim_h100",
         ],
     ),
 }
