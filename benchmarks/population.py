@@ -9,8 +9,11 @@ reports included) and each seed's greedy return over ``gym.eval_episodes`` episo
         [--seeds 1 2 3] [--ways population processes serial] [--set KEY=VALUE ...]
         [--out benchmarks/results/population_h200.json] [--key NAME]
 
-A warm-up run (a few updates of the same config) fills this machine's Triton cache first, so
-every row is a warm run (a machine's first run is ``benchmarks/default_run.py --cold``'s
+A warm-up run (a few updates of the same config) fills this machine's Triton cache and Python's
+bytecode cache first (the latter in ``RUNS/pycache``, ``PYTHONPYCACHEPREFIX``, written even where
+the environment turns bytecode writing off or the sources are read-only, as an installed
+package's are compiled at install), so every row is a warm run (a machine's first run is
+``benchmarks/default_run.py --cold``'s
 figure). ``solved``: the greedy mean return at least 475 (CartPole-v1's threshold). The JSON
 gains one record (keyed by ``--key``) with machine, date and commit.
 """
@@ -131,8 +134,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--runs", type=Path, help="run directories (default: temp)")
     args = p.parse_args(argv)
     sets = [*args.sets, *(QUICK if args.quick else [])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = args.runs or Path(tempfile.mkdtemp(prefix="population-"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPYCACHEPREFIX": str(runs / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     warm_up(args.config, args.device, sets, runs, env, args.quick)
     prov = provenance(args.device)
     key = args.key or record_key(prov)  # one record, saved again after every row
