@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, child_env, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "default_run_h200.json"
@@ -77,7 +76,9 @@ def run_one(
            "--out", str(out), "--no-progress"]  # fmt: skip
     for s in [*sets, *(QUICK if quick else [])]:
         cmd += ["--set", s]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # warm: Python's bytecode shared by the runs (the first compiles it); cold: a machine's
+    # first run, with empty Triton and bytecode caches of its own
+    env = child_env(runs / (f"{variant}-s{seed}-pycache" if cold else "pycache"))
     cache = runs / f"{variant}-s{seed}-triton-cache"
     if cold:  # an empty cache of its own: the run compiles every kernel it launches
         cache.mkdir(parents=True)

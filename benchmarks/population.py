@@ -10,9 +10,8 @@ reports included) and each seed's greedy return over ``gym.eval_episodes`` episo
         [--out benchmarks/results/population_h200.json] [--key NAME]
 
 A warm-up run (a few updates of the same config) fills this machine's Triton cache and Python's
-bytecode cache first (the latter in ``RUNS/pycache``, ``PYTHONPYCACHEPREFIX``, written even where
-the environment turns bytecode writing off or the sources are read-only, as an installed
-package's are compiled at install), so every row is a warm run (a machine's first run is
+bytecode cache first (in ``RUNS/pycache``: ``trimtab.benchmarking.child_env``), so every row is
+a warm run (a machine's first run is
 ``benchmarks/default_run.py --cold``'s
 figure). ``solved``: the greedy mean return at least 475 (CartPole-v1's threshold). The JSON
 gains one record (keyed by ``--key``) with machine, date and commit.
@@ -21,7 +20,6 @@ gains one record (keyed by ``--key``) with machine, date and commit.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import benchmark_parser, provenance, record_key, save_record
+from trimtab.benchmarking import (
+    benchmark_parser,
+    child_env,
+    provenance,
+    record_key,
+    save_record,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "population_h200.json"
@@ -135,8 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     sets = [*args.sets, *(QUICK if args.quick else [])]
     runs = args.runs or Path(tempfile.mkdtemp(prefix="population-"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPYCACHEPREFIX": str(runs / "pycache")}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = child_env(runs / "pycache")
     warm_up(args.config, args.device, sets, runs, env, args.quick)
     prov = provenance(args.device)
     key = args.key or record_key(prov)  # one record, saved again after every row

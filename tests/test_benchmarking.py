@@ -1,6 +1,7 @@
 """save_record: a benchmark's record goes into its results file by name, keeping the others, and
 a results file that is not a JSON object of records is named in the error and left untouched;
-the benchmarks' one command-line helper and table, and the layout of benchmarks/."""
+the benchmarks' one command-line helper and table, their children's environment, and the layout
+of benchmarks/."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import math
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 
 from trimtab.benchmarking import (
     benchmark_parser,
+    child_env,
     markdown_table,
     provenance,
     record_key,
@@ -245,3 +248,16 @@ def test_own_triton_cache_moves_the_cache_or_refuses_once_triton_is_imported(
     fresh = own_triton_cache("probe")
     assert fresh.is_dir() and not any(fresh.iterdir())
     assert os.environ["TRITON_CACHE_DIR"] == str(fresh)
+
+
+def test_a_child_caches_its_bytecode_where_the_environment_turns_it_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = child_env(tmp_path / "pycache", TRITON_CACHE_DIR="x")
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["OMP_NUM_THREADS"] == "1"
+    assert env["TRITON_CACHE_DIR"] == "x" and os.environ["PYTHONDONTWRITEBYTECODE"] == "1"
+    mod = tmp_path / "src" / "probe_mod.py"
+    mod.parent.mkdir()
+    mod.write_text("X = 1\n")
+    code = f"import sys; sys.path.insert(0, {str(mod.parent)!r}); import probe_mod"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert list((tmp_path / "pycache").rglob("probe_mod*.pyc"))  # written under the prefix

@@ -81,6 +81,18 @@ def own_triton_cache(script: str, cache: Path | None = None) -> Path:
     return path
 
 
+def child_env(pycache: Path, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark's child process: this one's, one OpenMP thread, Python's
+    bytecode cached in ``pycache`` (``PYTHONPYCACHEPREFIX``) even where the environment turns
+    bytecode writing off (``PYTHONDONTWRITEBYTECODE``), and ``extra``. A package installed by
+    pip has its bytecode written at install; a process that compiles every source it imports
+    (some images turn the cache off) pays seconds a machine's second run does not. Children
+    that share ``pycache`` compile once; an empty one of its own is a machine's first run."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPYCACHEPREFIX": str(pycache), **extra}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def record_key(record: Mapping[str, Any]) -> str:
     """The default name of a record in a results file: ``run_<date>_<commit[:7]>``."""
     return f"run_{record['date'][:10]}_{record['commit'][:7]}"
