@@ -122,3 +122,30 @@ def test_a_capture_keeps_every_table_it_reads():
     assert any(k is built.block_tensor for k in inner)
     _table.pointer_table(xs, 4)  # no capture: nothing collected anywhere
     assert _table._kept is None
+
+
+def test_an_own_stream_goes_back_to_the_free_streams_with_its_owner(monkeypatch):
+    """OwnStream's stream is one no live OwnStream holds; a collected one's is reused (a long
+    sweep's trials make no new stream each); per device. The CUDA calls are stood in for."""
+    import gc
+
+    from trimtab.rl.agent import graphed
+
+    made: list[object] = []
+    device = [0]
+    monkeypatch.setattr(graphed, "dedicated_stream", lambda: made.append(object()) or made[-1])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(graphed, "_FREE", {})
+    a, b = graphed.OwnStream(), graphed.OwnStream()
+    sa, sb = a.stream, b.stream
+    assert sa is not sb and a.stream is sa and len(made) == 2
+    del a
+    gc.collect()
+    c = graphed.OwnStream()
+    assert c.stream is sa and len(made) == 2  # reused, not made
+    device[0] = 1
+    d = graphed.OwnStream()
+    assert d.stream is not sa and len(made) == 3  # another device's free streams are its own
+    device[0] = 0
+    e = graphed.OwnStream()  # b and c are alive: their streams are not free
+    assert e.stream not in (sa, sb) and len(made) == 4

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -150,7 +151,8 @@ class OwnStream:
     workspace, and replayed at once on different streams (the members of a population, each on
     its own) their matrix products would write it together; destroying one of them frees the
     workspace the others still read (PyTorch clears a capture stream's workspaces when its
-    graph is destroyed)."""
+    graph is destroyed). The stream goes back to this module's free streams when this object
+    is collected, with its owner and the owner's graph: a long sweep's trials reuse them."""
 
     def __init__(self) -> None:
         self._stream: torch.cuda.Stream | None = None
@@ -158,7 +160,10 @@ class OwnStream:
     @property
     def stream(self) -> torch.cuda.Stream:
         if self._stream is None:
-            self._stream = dedicated_stream()
+            device = torch.cuda.current_device()
+            free = _FREE.setdefault(device, [])
+            self._stream = free.pop() if free else dedicated_stream()
+            weakref.finalize(self, free.append, self._stream)
         return self._stream
 
     def run(self, fn: Callable[..., T], *args: object) -> T:
@@ -179,6 +184,8 @@ class OwnStream:
 #: the streams :func:`dedicated_stream` made: never destroyed (a destroyed stream's handle can
 #: be a later stream's, and with it the workspaces PyTorch keys by that handle)
 _DEDICATED: list[torch.cuda.Stream] = []
+#: per device, the streams of collected :class:`OwnStream` objects, whose graphs are gone too
+_FREE: dict[int, list[torch.cuda.Stream]] = {}
 
 
 def dedicated_stream() -> torch.cuda.Stream:
