@@ -181,9 +181,6 @@ class OwnStream:
         return torch.cuda.graph(graph, stream=self.stream)
 
 
-#: the streams :func:`dedicated_stream` made: never destroyed (a destroyed stream's handle can
-#: be a later stream's, and with it the workspaces PyTorch keys by that handle)
-_DEDICATED: list[torch.cuda.Stream] = []
 #: per device, the streams of collected :class:`OwnStream` objects, whose graphs are gone too
 _FREE: dict[int, list[torch.cuda.Stream]] = {}
 
@@ -194,7 +191,9 @@ def dedicated_stream() -> torch.cuda.Stream:
     ``torch.cuda.cudart()``) and wrapped as a ``torch.cuda.ExternalStream``. ``torch.cuda.Stream()``
     hands out the streams of a pool, 32 per device and priority, round robin: a process that
     makes more (a population of 32 runs makes 96) gets streams that other objects already
-    hold. A torch without that binding gets a pool stream, with a warning."""
+    hold. Never destroyed (an ``ExternalStream`` does not own its stream): a destroyed stream's
+    handle could be a later stream's, and with it the workspaces PyTorch keys by that handle.
+    A torch without that binding gets a pool stream, with a warning."""
     cudart = torch.cuda.cudart()
     create = getattr(cudart, "cudaStreamCreate", None)
     if create is None:
@@ -209,9 +208,7 @@ def dedicated_stream() -> torch.cuda.Stream:
     error = create(ctypes.addressof(handle))
     if int(error) != 0 or not handle.value:
         raise RuntimeError(f"cudaStreamCreate failed: {error}")
-    stream = torch.cuda.ExternalStream(handle.value, device=torch.cuda.current_device())
-    _DEDICATED.append(stream)
-    return stream
+    return torch.cuda.ExternalStream(handle.value, device=torch.cuda.current_device())
 
 
 class Beside:
