@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 
 @pytest.mark.slow
@@ -54,3 +55,14 @@ def test_quick_probe_population_rows(load_bench, tmp_path):
     )
     assert tiny == tiny_serial == default == serial and alone == default[1:]
     assert json.loads(out.read_text())["k"]["seeds"] == [1, 2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_profile_member_step_counts_the_kernels_of_a_batched_env_step(load_bench, tmp_path):
+    """benchmarks/experiments/profile_member_step.py --quick: a run's steps under the profiler,
+    its kernels counted (a captured collection and learn step launch dozens)."""
+    bench = load_bench("profile_member_step")
+    out = tmp_path / "m.json"
+    result = bench.main(["--quick", "--out", str(out), "--key", "t"])
+    assert result["kernels_per_step"] > 20 and result["kernel_us_per_step"] > 0
+    assert json.loads(out.read_text())["t"]["device_name"] == torch.cuda.get_device_name()

@@ -164,19 +164,21 @@ def test_a_run_captures_its_collection_once_per_fold_and_keeps_its_plan(env, tmp
         pytest.skip("needs a CUDA device")
     from trimtab.rl.run.runner import train
 
-    captures = []
-    capture = Collector._capture
-    monkeypatch.setattr(Collector, "_capture", lambda c: captures.append(c) or capture(c))
+    collectors = []  # one a fold: start() opens its fold
+    start = Collector.start
+    monkeypatch.setattr(Collector, "start", lambda c, *a: collectors.append(c) or start(c, *a))
     if env == "cartpole":
         cfg = _cartpole_cfg("gym.total_steps=2000", "gym.eval_episodes=4", 'run.device="cuda"',
                             f'run.out="{tmp_path}"')  # fmt: skip
         summary = train(cfg)
-        assert (summary["env_steps"], summary["updates"], len(captures)) == (2000, 191, 1)
+        captures = [c.captured.captures for c in collectors]
+        assert (summary["env_steps"], summary["updates"], captures) == (2000, 191, [1])
         assert summary["eval"]["episodes"] == 4 and summary["train_return_last100"] > 8
     else:
         cfg = tiny(tmp_path, steps_per_fold=20, device="cuda")
         summary = train(replace(cfg, walkforward=replace(cfg.walkforward, folds=2)))
-        assert summary["updates"] == 40 and len(captures) == 2 and not summary["halted"]
+        captures = [c.captured.captures for c in collectors]
+        assert summary["updates"] == 40 and captures == [1, 1] and not summary["halted"]
 
 
 # --- defaults on a GPU --------------------------------------------------------------------------

@@ -9,15 +9,13 @@ only when a metrics row or a checkpoint asks for them.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from trimtab.kernels._table import keep_host_copies
 from trimtab.rl.agent.dqn import DQNAgent
-from trimtab.rl.agent.graphed import OwnStream
+from trimtab.rl.agent.graphed import CapturedStep
 from trimtab.rl.agent.replay import ReplayBuffer
 from trimtab.rl.envs.protocol import EnvAdapter
 
@@ -40,8 +38,9 @@ class Collector:
     episodes that ended are summed on the device; ``x <- x'``.
 
     ``capture=True`` (a CUDA device and an adapter whose envs live on it, ``adapter.on_device``)
-    runs :data:`COLLECT_WARMUP` steps eagerly on a side stream, then captures one step in a
-    :class:`torch.cuda.CUDAGraph` and replays it for every later step: the env, the replay and
+    makes the step a :class:`~trimtab.rl.agent.graphed.CapturedStep` at its first call:
+    :data:`COLLECT_WARMUP` steps eagerly on a side stream, then one step captured in a
+    :class:`torch.cuda.CUDAGraph` and replayed for every later step: the env, the replay and
     the ε schedule's clock are device state, and the generators drawn from (the agent's, the
     env's) are registered with the graph, so a replay continues their streams as an eager step
     would. The replay buffer and the env are the fold's own, so a collector serves one fold.
@@ -78,11 +77,9 @@ class Collector:
         self._ep_count = torch.zeros(self.n_envs, dtype=torch.float64, device=device)
         # ε's clock on the device (global env steps), advanced by the step itself when captured
         self._clock = torch.zeros((), dtype=torch.long, device=device) if capture else None
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.warm = 0
-        self.capture_seconds = 0.0
-        self._keep: list[Tensor] = []
-        self._own = OwnStream()  # the warm-ups' and the capture's stream
+        #: the captured step (``capture=True``), made at the first step: the generators it
+        #: registers are the fold's, which the adapter opened by then
+        self.captured: CapturedStep | None = None
 
     def start(self, obs: Tensor, env_steps: int) -> None:
         """The fold's first observation (or a resumed one) and the global env-step count."""
@@ -98,16 +95,18 @@ class Collector:
                 "the fault-injection hook (Checks.fault) counts checks on the host, which a "
                 "captured collection does not re-run: set run.cuda_graph = 'off' to inject faults"
             )
-        if self.graph is not None:
-            self.graph.replay()
-        elif not self.capture:
+        if not self.capture:
             self.collect(env_steps)
-        elif self.warm < self.warmup:
-            self.warm += 1
-            self._own.run(self.collect, self._clock)
-        else:
-            self._capture()
-            self.graph.replay()  # type: ignore[union-attr]
+            return
+        if self.captured is None:
+            self.captured = CapturedStep(self._collect_on_clock, self._generators(),
+                                         addresses=lambda: (), warmup=self.warmup)  # fmt: skip
+        self.captured({})
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        """The captured step's graph (None before the capture, and eager)."""
+        return None if self.captured is None else self.captured.graph
 
     def collect(self, clock: int | Tensor) -> None:
         """act -> env step -> check -> store; ``clock`` is ε's step count (an int, or the
@@ -134,19 +133,14 @@ class Collector:
             clock.add_(self.n_envs)
 
     # --- capture --------------------------------------------------------------------------
+    def _collect_on_clock(self, _: dict[str, Tensor]) -> dict[str, Tensor]:
+        """:meth:`collect` on the device clock, as :class:`CapturedStep` calls a step."""
+        self.collect(self._clock)  # type: ignore[arg-type]
+        return {}
+
     def _generators(self) -> list[torch.Generator]:
         gens = [self.agent.generator, *self.adapter.generators()]
         return [g for g in gens if g.device.type == "cuda"]
-
-    def _capture(self) -> None:
-        t0 = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
-        for g in self._generators():
-            graph.register_generator_state(g)
-        with keep_host_copies() as kept, self._own.capture(graph):
-            self.collect(self._clock)  # type: ignore[arg-type]
-        self.graph, self._keep = graph, kept
-        self.capture_seconds += time.perf_counter() - t0
 
     # --- what the runner reads and saves --------------------------------------------------
     def episodes(self) -> Tensor:
