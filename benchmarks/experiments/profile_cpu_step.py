@@ -75,7 +75,7 @@ def build(cfg: Any, fill: int) -> dict[str, Any]:
     adapter = make_adapter(cfg, device)
     with Lifecycle():
         learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, device)
-    replay = learner.agent.make_replay()
+    replay = learner.agent.make_replay(adapter.reward_parts)
     gen = torch.Generator().manual_seed(0)
     obs = adapter.open_fold(0, cfg.run.seed)
     sizes = torch.tensor(adapter.branch_sizes)

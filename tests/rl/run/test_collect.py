@@ -85,7 +85,7 @@ def _collector(cfg: TrainConfig, device: str, capture: bool, seed: int = 3):
     adapter = make_adapter(cfg, dev)
     with Lifecycle():
         learner = build_learner(cfg, adapter.obs_dim, adapter.branch_sizes, dev)
-    replay = learner.agent.make_replay()
+    replay = learner.agent.make_replay(adapter.reward_parts)
     c = Collector(learner.agent, adapter, learner, replay, cfg.env.reward_scale, capture=capture)
     c.start(adapter.open_fold(0, seed), 0)
     return c
