@@ -75,6 +75,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "profile_loop_h200",
             "probe_compile_h100",
             "profile_graph_h200",
+            "profile_member_step",
             "capture_parity_h200",
             "capture_probe_h200",
             "probe_warps_h200",
