@@ -15,6 +15,7 @@ again without the profiler (wall seconds a step, after a synchronize). Needs CUD
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -98,7 +99,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for k, v in names.most_common(25):
         print(f"  {v / steps:6.1f}  {k}")
     if args.out:
-        save_record(args.out, args.key, {**provenance("cuda"), **result})
+        command = "benchmarks/experiments/profile_member_step.py " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        save_record(args.out, args.key, {**provenance("cuda"), "command": command, **result})
     return result
 
 

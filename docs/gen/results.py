@@ -76,6 +76,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "probe_compile_h100",
             "profile_graph_h200",
             "profile_member_step",
+            "probe_graph_branches_h100",
             "capture_parity_h200",
             "capture_probe_h200",
             "probe_warps_h200",

@@ -38,6 +38,8 @@ SCRIPTS: dict[str, str] = {
     "probe_warps": "probe_warps",
     "profile_cpu_step": "profile_cpu_step",
     "profile_graph": "profile_graph",
+    "profile_member_step": "profile_member_step",
+    "probe_graph_branches": "probe_graph_branches",
     "profile_host": "profile_step",
     "profile_loop": "profile_loop",
     "profile_step": "profile_step",
