@@ -17,7 +17,10 @@ per member count:
   capture stream onto the members' streams and joined back), replayed once a round.
 
 Kernels a step are counted with ``torch.profiler`` over one member's graph; the rate is members x
-rounds x kernels over the wall time of the rounds (after a synchronize). Needs CUDA.
+rounds x kernels over the wall time of the rounds (after a synchronize). First, what one launch
+costs the host (``launch_host_us``): a graph of four member steps in a row, launched with the
+device idle on the stream it was captured on, on another stream and on the default stream
+(median of 200). Needs CUDA.
 """
 
 from __future__ import annotations
@@ -124,6 +127,34 @@ def timed(round_: Any, rounds: int) -> float:
     return time.perf_counter() - t0
 
 
+def launch_costs(chain: int = 4, launches: int = 200) -> dict[str, float]:
+    """Host µs of one ``CUDAGraph.replay`` with the device idle (a synchronize before each), for
+    a graph of ``chain`` member steps in a row captured on stream A, launched on A itself, on
+    another stream B, and on the default stream."""
+    member, (a, b) = Member(0), _streams(2)
+    _warm([member], [a])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=a):
+        for _ in range(chain):
+            member.step()
+    torch.cuda.synchronize()
+    out = {"nodes": float(kernels_per_replay(g.replay))}
+    for name, stream in (("capture_stream", a), ("other_stream", b),
+                         ("default_stream", torch.cuda.default_stream())):  # fmt: skip
+        seconds = []
+        with torch.cuda.stream(stream):
+            for _ in range(launches):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                g.replay()
+                seconds.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        seconds.sort()
+        out[f"{name}_us"] = 1e6 * seconds[len(seconds) // 2]  # the median launch
+    print(", ".join(f"{k} {v:.1f}" for k, v in out.items()), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = benchmark_parser(__doc__, None, quick="two members, few rounds", key=True)
     p.add_argument("--members", nargs="+", type=int, default=[1, 3, 8, 32])
@@ -132,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not torch.cuda.is_available():
         raise SystemExit("probe_graph_branches.py needs a CUDA device")
     counts, rounds = ([1, 2], 5) if args.quick else (args.members, args.rounds)
+    launch = launch_costs()
     rows = []
     for n in counts:
         members = [Member(i) for i in range(n)]
@@ -155,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          [(r["members"], r["way"], r["kernels_per_step"],
                            round(r["us_per_round"], 1), round(r["kernels_per_s"] / 1e6, 3))
                           for r in rows], "lllrr"))  # fmt: skip
-    result = {"rounds": rounds, "rows": rows}
+    result = {"rounds": rounds, "launch_host_us": launch, "rows": rows}
     if args.out:
         command = "benchmarks/experiments/probe_graph_branches.py " + " ".join(
             sys.argv[1:] if argv is None else argv

@@ -10,15 +10,18 @@ The run (``trimtab train``'s own loop, :func:`trimtab.rl.run.runner.train_steps`
 stepped ``--skip`` batched env steps (past ``gym.learning_starts``, the warm-ups and the
 captures), then ``--steps`` more under ``torch.profiler`` (the kernels of graph replays are
 seen one by one), then closed as an interrupted run is. Also timed: the same number of steps
-again without the profiler (wall seconds a step, after a synchronize). Needs CUDA.
+again without the profiler (wall seconds a step, after a synchronize), and as many again with
+each graph launch timed alone on an idle device (the host's cost of a launch). Needs CUDA.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,27 @@ def kernels(prof: Any) -> tuple[int, float, Counter]:
     return n, us, names
 
 
+@contextlib.contextmanager
+def idle_launches() -> Iterator[list[float]]:
+    """The host seconds of each ``CUDAGraph.replay`` call in the block, each made with the
+    device idle (a synchronize before it), so that a launch never waits for a full queue: what
+    launching a captured graph costs the host by itself."""
+    replay = torch.cuda.CUDAGraph.replay
+    seconds: list[float] = []
+
+    def timed(graph: torch.cuda.CUDAGraph) -> None:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        replay(graph)
+        seconds.append(time.perf_counter() - t0)
+
+    torch.cuda.CUDAGraph.replay = timed  # type: ignore[method-assign]
+    try:
+        yield seconds
+    finally:
+        torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -80,6 +104,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 next(run)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
+            with idle_launches() as launches:
+                for _ in range(steps):
+                    next(run)
         finally:
             run.close()
     n, us, names = kernels(prof)
@@ -90,11 +117,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "kernels_per_step": n / steps,
         "kernel_us_per_step": us / steps,
         "wall_us_per_step": 1e6 * wall / steps,
+        "graph_launches_per_step": len(launches) / steps,
+        "launch_host_us": 1e6 * sum(launches) / max(len(launches), 1),
         "top": {k: v / steps for k, v in names.most_common(25)},
     }  # fmt: skip
     print(
         f"{args.config.name}: {n / steps:.0f} kernels a batched env step, {us / steps:.0f} µs "
         f"of kernel time; {1e6 * wall / steps:.0f} µs of wall time a step (unprofiled)"
+    )
+    print(
+        f"{len(launches) / steps:.1f} graph launches a step, "
+        f"{1e6 * sum(launches) / max(len(launches), 1):.1f} µs of host time each (device idle)"
     )
     for k, v in names.most_common(25):
         print(f"  {v / steps:6.1f}  {k}")
