@@ -261,3 +261,11 @@ def test_a_child_caches_its_bytecode_where_the_environment_turns_it_off(tmp_path
     code = f"import sys; sys.path.insert(0, {str(mod.parent)!r}); import probe_mod"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     assert list((tmp_path / "pycache").rglob("probe_mod*.pyc"))  # written under the prefix
+
+
+def test_invocation_names_the_script_from_its_benchmarks_folder(tmp_path) -> None:
+    from trimtab.benchmarking import invocation
+
+    script = tmp_path / "repo" / "benchmarks" / "experiments" / "probe.py"
+    assert invocation(script, ["--out", "x.json"]) == "benchmarks/experiments/probe.py --out x.json"
+    assert invocation(tmp_path / "elsewhere.py", []) == "elsewhere.py"

@@ -25,14 +25,19 @@ device idle on the stream it was captured on, on another stream and on the defau
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 import torch
 from torch import nn
 
-from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, save_record
+from trimtab.benchmarking import (
+    benchmark_parser,
+    invocation,
+    markdown_table,
+    provenance,
+    save_record,
+)
 
 BATCH, ATOMS = 256, 101
 
@@ -189,10 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           for r in rows], "lllrr"))  # fmt: skip
     result = {"rounds": rounds, "launch_host_us": launch, "rows": rows}
     if args.out:
-        command = "benchmarks/experiments/probe_graph_branches.py " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
-        save_record(args.out, args.key, {**provenance("cuda"), "command": command, **result})
+        record = {**provenance("cuda"), "command": invocation(__file__, argv), **result}
+        save_record(args.out, args.key, record)
     return result
 
 

@@ -17,7 +17,6 @@ each graph launch timed alone on an idle device (the host's cost of a launch). N
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "cartpole_fast.toml"
@@ -132,10 +131,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for k, v in names.most_common(25):
         print(f"  {v / steps:6.1f}  {k}")
     if args.out:
-        command = "benchmarks/experiments/profile_member_step.py " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
-        save_record(args.out, args.key, {**provenance("cuda"), "command": command, **result})
+        record = {**provenance("cuda"), "command": invocation(__file__, argv), **result}
+        save_record(args.out, args.key, record)
     return result
 
 

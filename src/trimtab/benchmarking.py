@@ -30,6 +30,7 @@ from trimtab._source import source_commit
 __all__ = [
     "benchmark_parser",
     "commit",
+    "invocation",
     "markdown_table",
     "provenance",
     "record_key",
@@ -91,6 +92,16 @@ def child_env(pycache: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPYCACHEPREFIX": str(pycache), **extra}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
+
+
+def invocation(script: str | Path, argv: Sequence[str] | None = None) -> str:
+    """A record's ``"command"``: the script's path from its ``benchmarks`` folder on
+    (``benchmarks/experiments/probe.py``) and its arguments, ``argv`` or this process's when
+    None, as the results pages show how to rerun it."""
+    parts = Path(script).resolve().parts
+    at = max((i for i, p in enumerate(parts) if p == "benchmarks"), default=len(parts) - 1)
+    args = sys.argv[1:] if argv is None else list(argv)
+    return " ".join(["/".join(parts[at:]), *args])
 
 
 def record_key(record: Mapping[str, Any]) -> str:
