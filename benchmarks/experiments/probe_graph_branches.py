@@ -188,14 +188,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 flush=True,
             )
         del members, graphs
-    print(markdown_table(["members", "way", "kernels a step", "µs a round", "M kernels/s"],
-                         [(r["members"], r["way"], r["kernels_per_step"],
-                           round(r["us_per_round"], 1), round(r["kernels_per_s"] / 1e6, 3))
-                          for r in rows], "lllrr"))  # fmt: skip
     result = {"rounds": rounds, "launch_host_us": launch, "rows": rows}
     if args.out:
         record = {**provenance("cuda"), "command": invocation(__file__, argv), **result}
         save_record(args.out, args.key, record)
+    print(markdown_table(["members", "way", "kernels a step", "µs a round", "M kernels/s"],
+                         [(r["members"], r["way"], r["kernels_per_step"],
+                           round(r["us_per_round"], 1), round(r["kernels_per_s"] / 1e6, 3))
+                          for r in rows], "lllrr"))  # fmt: skip
     return result
 
 
