@@ -66,3 +66,27 @@ def test_profile_member_step_counts_the_kernels_of_a_batched_env_step(load_bench
     result = bench.main(["--quick", "--out", str(out), "--key", "t"])
     assert result["kernels_per_step"] > 20 and result["kernel_us_per_step"] > 0
     assert json.loads(out.read_text())["t"]["device_name"] == torch.cuda.get_device_name()
+
+
+def test_profile_population_profiles_a_window_of_the_members_turns(load_bench, tmp_path):
+    """benchmarks/experiments/profile_population.py --quick on the CPU: a population of two run
+    by the CLI, its turns counted, one window profiled and the next timed."""
+    bench = load_bench("profile_population")
+    out = tmp_path / "p.json"
+    result = bench.main(["--quick", "--device", "cpu", "--out", str(out), "--key", "t"])
+    assert result["members"] == 2 and result["us_per_turn"] > 0
+    assert result["profiled_us_per_turn"] > 0
+    names = [r["function"] for r in result["cprofile"]["cumtime"]]
+    assert any("learn_from" in n for n in names), names[:10]
+    record = json.loads(out.read_text())["t"]
+    assert record["command"].startswith("benchmarks/experiments/profile_population.py --quick")
+
+
+def test_profile_population_says_when_the_run_ends_before_its_windows(load_bench):
+    bench = load_bench("profile_population")
+    with pytest.raises(SystemExit, match="before the windows closed"):
+        bench.main(["--device", "cpu", "--config", str(bench.CONFIG), "--seeds", "1",
+                    "--skip", "100000", "--steps", "1", "--set", "gym.total_steps=256",
+                    "--set", "gym.learning_starts=64", "--set", "gym.eval_episodes=2",
+                    "--set", "env.n_envs=4", "--set", "gym.train_every=4",
+                    "--set", "agent.batch_size=16"])  # fmt: skip

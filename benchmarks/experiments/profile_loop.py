@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import pstats
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, cprofile_top, provenance, save_record
 
 PARTS = {
     "collect": ("trimtab.rl.run.collect", "Collector", "step"),
@@ -55,21 +54,6 @@ def _timed(fn: Callable, name: str, acc: Counter, calls: Counter, sync: Callable
         return out
 
     return wrapper
-
-
-def _top(prof: cProfile.Profile, n: int) -> dict[str, list[dict[str, Any]]]:
-    """The ``n`` functions with the most own time, and the ``n`` with the most cumulative."""
-    st = pstats.Stats(prof)
-    rows = [
-        {
-            "function": f"{Path(f).name}:{line}:{name}",
-            "calls": int(nc),
-            "tottime": tt,
-            "cumtime": ct,
-        }
-        for (f, line, name), (_, nc, tt, ct, _) in st.stats.items()
-    ]  # type: ignore[attr-defined]
-    return {key: sorted(rows, key=lambda r: -r[key])[:n] for key in ("tottime", "cumtime")}
 
 
 def _config(args: argparse.Namespace, out: Path) -> Any:
@@ -111,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             prof.disable()
         plain_wall = time.perf_counter() - t0
         print(f"plain: wall {plain_wall:.1f} s, train {plain['seconds']:.1f} s", flush=True)
-        top = _top(prof, args.cprofile) if prof is not None else None
+        top = cprofile_top(prof, args.cprofile) if prof is not None else None
         for row in top["tottime"][:30] if top else []:  # host time by function (cProfile)
             print(f"  {row['tottime']:7.2f} s own {row['cumtime']:7.2f} s cum "
                   f"{row['calls']:8d}  {row['function']}", flush=True)  # fmt: skip

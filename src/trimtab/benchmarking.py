@@ -30,6 +30,7 @@ from trimtab._source import source_commit
 __all__ = [
     "benchmark_parser",
     "commit",
+    "cprofile_top",
     "invocation",
     "markdown_table",
     "provenance",
@@ -92,6 +93,25 @@ def child_env(pycache: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPYCACHEPREFIX": str(pycache), **extra}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
+
+
+def cprofile_top(prof: Any, n: int) -> dict[str, list[dict[str, Any]]]:
+    """The ``n`` functions of a ``cProfile.Profile`` with the most own time (``tottime``) and
+    the ``n`` with the most cumulative time, each ``{"function": "file.py:line:name", "calls",
+    "tottime", "cumtime"}``: a record's host profile."""
+    import pstats
+
+    st = pstats.Stats(prof)
+    rows = [
+        {
+            "function": f"{Path(f).name}:{line}:{name}",
+            "calls": int(nc),
+            "tottime": tt,
+            "cumtime": ct,
+        }
+        for (f, line, name), (_, nc, tt, ct, _) in st.stats.items()  # type: ignore[attr-defined]
+    ]
+    return {key: sorted(rows, key=lambda r: -r[key])[:n] for key in ("tottime", "cumtime")}
 
 
 def invocation(script: str | Path, argv: Sequence[str] | None = None) -> str:
