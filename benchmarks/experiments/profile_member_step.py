@@ -120,13 +120,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "launch_host_us": 1e6 * sum(launches) / max(len(launches), 1),
         "top": {k: v / steps for k, v in names.most_common(25)},
     }  # fmt: skip
+    r = result
     print(
-        f"{args.config.name}: {n / steps:.0f} kernels a batched env step, {us / steps:.0f} µs "
-        f"of kernel time; {1e6 * wall / steps:.0f} µs of wall time a step (unprofiled)"
-    )
-    print(
-        f"{len(launches) / steps:.1f} graph launches a step, "
-        f"{1e6 * sum(launches) / max(len(launches), 1):.1f} µs of host time each (device idle)"
+        f"{args.config.name}: {r['kernels_per_step']:.0f} kernels a batched env step, "
+        f"{r['kernel_us_per_step']:.0f} µs of kernel time; {r['wall_us_per_step']:.0f} µs of "
+        f"wall time a step (unprofiled)\n{r['graph_launches_per_step']:.1f} graph launches a "
+        f"step, {r['launch_host_us']:.1f} µs of host time each (device idle)"
     )
     for k, v in names.most_common(25):
         print(f"  {v / steps:6.1f}  {k}")

@@ -319,9 +319,9 @@ def _finish(
     device: torch.device,
     entered: float,
     looping: float,
-    precompiled: dict[str, Any] | None = None,
-    report: Callable[[Path], Any] | None = None,
-    spent: dict[str, float] | None = None,
+    precompiled: dict[str, Any] | None,
+    report: Callable[[Path], Any] | None,
+    spent: dict[str, float],
 ) -> dict[str, Any]:
     """The run's summary, sentinel report and report, written once training is over (or
     halted); a run stopped in here is finished by ``--resume``. ``timings.report_s``: the
@@ -357,8 +357,7 @@ def _finish(
     # the run directory; the loop (training, evaluation, checkpoints), and of it the folds'
     # evaluations and the checkpoints; the report. What it spent before train() (interpreter,
     # imports) is the rest of its wall time.
-    timings = {"setup_s": looping - entered, "loop_s": time.perf_counter() - looping,
-               **(spent or {})}  # fmt: skip
+    timings = {"setup_s": looping - entered, "loop_s": time.perf_counter() - looping, **spent}
     summary["timings"] = {k: round(v, 2) for k, v in timings.items()}
     if main:
         ckpt.atomic_write_json(run_dir / "sentinel.json", learner.sentinel_report())
@@ -382,8 +381,8 @@ def _train_fold(
     run_dir: Path,
     fold_state: dict[str, Any] | None,
     stop_after: int | None,
-    ranks: Ranks | None = None,
-    spent: dict[str, float] | None = None,
+    ranks: Ranks | None,
+    spent: dict[str, float],
 ) -> Generator[None, None, str | None]:
     """Train one fold to its plan, yielding after every batched env step and its gradient
     steps; returns the sentinel's halt message, if it fired. ``spent["checkpoint_s"]`` gains
@@ -458,8 +457,7 @@ def _train_fold(
                 fold = ranks.gather_fold_state(fold, learner)
             if main:
                 save_checkpoint(run_dir, cfg, learner, prog, fold_state=fold)
-            if spent is not None:
-                spent["checkpoint_s"] += time.perf_counter() - t0
+            spent["checkpoint_s"] += time.perf_counter() - t0
         if stop_after is not None and prog.global_step >= stop_after:
             _close(bar)
             raise TrainingInterrupted(f"stopped after {prog.global_step} steps (test hook)")
