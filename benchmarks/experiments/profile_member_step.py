@@ -4,7 +4,7 @@ one run alone. With a population's wall time (``benchmarks/population.py``) this
 at which the device worked through the members' kernels, beside what one run alone reaches.
 
     python benchmarks/experiments/profile_member_step.py [--config examples/cartpole_fast.toml]
-        [--skip 400] [--steps 100] [--out FILE --key NAME]
+        [--skip 400] [--steps 100] [--census] [--set KEY=VALUE ...] [--out FILE --key NAME]
 
 The run (``trimtab train``'s own loop, :func:`trimtab.rl.run.runner.train_steps`, on CUDA) is
 stepped ``--skip`` batched env steps (past ``gym.learning_starts``, the warm-ups and the
@@ -12,21 +12,32 @@ captures), then ``--steps`` more under ``torch.profiler`` (the kernels of graph 
 seen one by one), then closed as an interrupted run is. Also timed: the same number of steps
 again without the profiler (wall seconds a step, after a synchronize), and as many again with
 each graph launch timed alone on an idle device (the host's cost of a launch). Needs CUDA.
+
+``--census``: where the kernels come from. The steps run eagerly (``run.cuda_graph = 'off'``:
+the same operators, each seen with the Python stack that called it) and every kernel is counted
+at the line of the learn step, the collection or the loop it came from, and at the innermost
+function of trimtab that launched it (:func:`trimtab.benchmarking.kernel_census`); no timing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
+from trimtab.benchmarking import (
+    benchmark_parser,
+    invocation,
+    kernel_census,
+    provenance,
+    save_record,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "cartpole_fast.toml"
@@ -40,17 +51,6 @@ def _config(path: Path, out: Path, sets: list[str]) -> Any:
     data = apply_overrides(load_toml(path), [*sets, 'run.device="cuda"', "run.progress=false",
                                              f'run.out="{out}"'])  # fmt: skip
     return from_dict(TrainConfig, data)
-
-
-def kernels(prof: Any) -> tuple[int, float, Counter]:
-    """Kernel launches, their summed µs, and launches by (shortened) name, of a profile."""
-    n, us, names = 0, 0.0, Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"):
-            n += 1
-            us += e.device_time if hasattr(e, "device_time") else e.cuda_time
-            names[e.name[:80]] += 1
-    return n, us, names
 
 
 @contextlib.contextmanager
@@ -74,6 +74,10 @@ def idle_launches() -> Iterator[list[float]]:
         torch.cuda.CUDAGraph.replay = replay  # type: ignore[method-assign]
 
 
+#: the functions whose lines a census groups kernels by: the learn step, collection, the loop
+PHASES = ("guarded_step", "collect", "_train_fold")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,51 +88,66 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--skip", type=int, default=400, help="batched env steps before profiling")
     p.add_argument("--steps", type=int, default=100, help="batched env steps profiled")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--census", action="store_true",
+                   help="eager steps (run.cuda_graph = 'off'), each kernel counted at the source "
+                        "that launched it; no timing")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_member_step.py needs a CUDA device")
     skip, steps = (150, 10) if args.quick else (args.skip, args.steps)
+    sets = [*args.sets, 'run.cuda_graph="off"'] if args.census else args.sets
     with tempfile.TemporaryDirectory(prefix="member-step-") as tmp:
-        run = train_steps(_config(args.config, Path(tmp) / "run", args.sets))
+        run = train_steps(_config(args.config, Path(tmp) / "run", sets))
         try:
             for _ in range(skip):
                 next(run)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                         with_stack=args.census) as prof:  # fmt: skip
                 for _ in range(steps):
                     next(run)
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                next(run)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-            with idle_launches() as launches:
+            census = kernel_census(prof, steps, phases=PHASES if args.census else ())
+            wall, launches = math.nan, []
+            if not args.census:
+                t0 = time.perf_counter()
                 for _ in range(steps):
                     next(run)
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - t0
+                with idle_launches() as launches:
+                    for _ in range(steps):
+                        next(run)
         finally:
             run.close()
-    n, us, names = kernels(prof)
-    result = {
+    result: dict[str, Any] = {
         "config": str(args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT)
                       else args.config),
-        "sets": args.sets, "skip": skip, "steps": steps,
-        "kernels_per_step": n / steps,
-        "kernel_us_per_step": us / steps,
-        "wall_us_per_step": 1e6 * wall / steps,
-        "graph_launches_per_step": len(launches) / steps,
-        "launch_host_us": 1e6 * sum(launches) / max(len(launches), 1),
-        "top": {k: v / steps for k, v in names.most_common(25)},
+        "sets": sets, "skip": skip, "steps": steps,
+        "kernels_per_step": census["kernels"],
+        "kernel_us_per_step": census["kernel_us"],
+        "top": dict(list(census["by_name"].items())[:25]),
     }  # fmt: skip
     r = result
-    print(
-        f"{args.config.name}: {r['kernels_per_step']:.0f} kernels a batched env step, "
-        f"{r['kernel_us_per_step']:.0f} µs of kernel time; {r['wall_us_per_step']:.0f} µs of "
-        f"wall time a step (unprofiled)\n{r['graph_launches_per_step']:.1f} graph launches a "
-        f"step, {r['launch_host_us']:.1f} µs of host time each (device idle)"
-    )
-    for k, v in names.most_common(25):
-        print(f"  {v / steps:6.1f}  {k}")
+    print(f"{args.config.name}: {r['kernels_per_step']:.0f} kernels a batched env step, "
+          f"{r['kernel_us_per_step']:.0f} µs of kernel time")  # fmt: skip
+    if args.census:
+        result["by_phase"] = census["by_phase"]
+        result["by_source"] = census["by_source"]
+        for title, counts in (("by line of the step", census["by_phase"]),
+                              ("by function", census["by_source"])):  # fmt: skip
+            print(title)
+            for k, v in counts.items():
+                print(f"  {v:6.1f}  {k}")
+    else:
+        result["wall_us_per_step"] = 1e6 * wall / steps
+        result["graph_launches_per_step"] = len(launches) / steps
+        result["launch_host_us"] = 1e6 * sum(launches) / max(len(launches), 1)
+        print(f"{r['wall_us_per_step']:.0f} µs of wall time a step (unprofiled)\n"
+              f"{r['graph_launches_per_step']:.1f} graph launches a step, "
+              f"{r['launch_host_us']:.1f} µs of host time each (device idle)")  # fmt: skip
+        for k, v in result["top"].items():
+            print(f"  {v:6.1f}  {k}")
     if args.out:
         record = {**provenance("cuda"), "command": invocation(__file__, argv), **result}
         save_record(args.out, args.key, record)

@@ -32,6 +32,7 @@ __all__ = [
     "commit",
     "cprofile_top",
     "invocation",
+    "kernel_census",
     "markdown_table",
     "provenance",
     "record_key",
@@ -112,6 +113,107 @@ def cprofile_top(prof: Any, n: int) -> dict[str, list[dict[str, Any]]]:
         for (f, line, name), (_, nc, tt, ct, _) in st.stats.items()  # type: ignore[attr-defined]
     ]
     return {key: sorted(rows, key=lambda r: -r[key])[:n] for key in ("tottime", "cumtime")}
+
+
+def kernel_census(
+    prof: Any, steps: int = 1, *, phases: Sequence[str] = (), copies: bool = False
+) -> dict[str, Any]:
+    """The GPU kernels of a ``torch.profiler`` profile (CUDA activity) per step of ``steps``:
+    ``{"kernels", "kernel_us", "by_name": {name: launches}, "by_source": {frame: launches},
+    "by_phase": {frame: launches}}``. Memory copies and sets are left out unless ``copies``:
+    what is counted is the kernels a step launches.
+
+    ``by_source`` (a profile with CPU activity, of an eager step: a CUDA graph's replayed
+    kernels have no operator) counts each kernel at :func:`op_origin` of the torch operator that
+    launched it; a kernel launched outside an operator (a Triton kernel) at
+    ``"(not an operator) <name>"``. ``by_phase`` counts it at the innermost frame of its
+    operator's Python stack whose function is one of ``phases`` (``"guarded_step"``: the line of
+    the learn step it came from), ``"(elsewhere)"`` if none."""
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def counted(name: str) -> bool:
+        return copies or not (name.startswith("Memcpy") or name.startswith("Memset"))
+
+    n, us = 0, 0.0
+    by_name: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == cuda and counted(e.name):
+            n += 1
+            us += e.device_time if hasattr(e, "device_time") else e.cuda_time
+            by_name[e.name[:80]] = by_name.get(e.name[:80], 0) + 1
+    by_source: dict[str, float] = {}
+    by_phase: dict[str, float] = {}
+    left = dict(by_name)
+    for e in prof.events():
+        if e.device_type == cuda or not e.kernels:
+            continue
+        mine = [k for k in e.kernels if counted(k.name)]
+        if not mine:
+            continue
+        src, phase = op_origin(e), op_origin(e, phases) if phases else None
+        for k in mine:
+            by_source[src] = by_source.get(src, 0) + 1
+            if phase is not None:
+                by_phase[phase] = by_phase.get(phase, 0) + 1
+            if k.name[:80] in left:
+                left[k.name[:80]] -= 1
+    if by_source:  # what no operator launched
+        for name, count in left.items():
+            if count > 0:
+                by_source[f"(not an operator) {name}"] = count
+                if phases:
+                    by_phase["(not an operator)"] = by_phase.get("(not an operator)", 0) + count
+
+    def per_step(d: dict[str, float]) -> dict[str, float]:
+        return {k: v / steps for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
+
+    return {"kernels": n / steps, "kernel_us": us / steps, "by_name": per_step(by_name),
+            "by_source": per_step(by_source), "by_phase": per_step(by_phase)}  # fmt: skip
+
+
+def op_origin(event: Any, functions: Sequence[str] = ()) -> str:
+    """Where a profiled torch operator (an event of a ``torch.profiler`` profile recorded
+    ``with_stack=True``) was called from: the innermost function of ``trimtab``'s sources among
+    its enclosing Python frames (``"rl/agent/losses.py:40:project"``, the line where the function
+    starts). With ``functions``: the innermost frame whose function is one of them and the call
+    made from it (``"rl/agent/learner.py:160:guarded_step > rl/agent/dqn.py:300:loss"``). An
+    operator that autograd's backward ran: ``"(backward) <node>"``; none of these:
+    ``"(elsewhere)"``."""
+    e, child = event.cpu_parent, "(its own operators)"
+    while e is not None:
+        name = e.name
+        if name.startswith("autograd::engine::evaluate_function: "):
+            return f"(backward) {name.split(': ', 1)[1]}"
+        frame = _frame(name)
+        if frame is not None:
+            path, line, func = frame
+            if "trimtab" in path and (not functions or func in functions):
+                at = max(i for i, p in enumerate(path) if p == "trimtab")
+                here = f"{'/'.join(path[at + 1:])}:{line}:{func}"
+                return f"{here} > {_short(child)}" if functions else here
+            child = name
+        elif name.startswith("<built-in"):
+            child = "(its own operators)"
+        e = e.cpu_parent
+    return "(elsewhere)"
+
+
+def _frame(name: str) -> tuple[list[str], str, str] | None:
+    """A profiler's Python-frame event name ``"path(line): function"`` split, or None."""
+    path, sep, rest = name.partition("(")
+    line, sep2, func = rest.partition("): ")
+    if not (sep and sep2 and line.isdigit()):
+        return None
+    return path.replace("\\", "/").split("/"), line, func
+
+
+def _short(name: str) -> str:
+    frame = _frame(name)
+    if frame is None:
+        return name
+    path, line, func = frame
+    at = max((i for i, p in enumerate(path) if p == "trimtab"), default=len(path) - 2)
+    return f"{'/'.join(path[at + 1:])}:{line}:{func}"
 
 
 def invocation(script: str | Path, argv: Sequence[str] | None = None) -> str:
