@@ -189,7 +189,7 @@ def op_origin(event: Any, functions: Sequence[str] = ()) -> str:
             path, line, func = frame
             if "trimtab" in path and (not functions or func in functions):
                 at = max(i for i, p in enumerate(path) if p == "trimtab")
-                here = f"{'/'.join(path[at + 1:])}:{line}:{func}"
+                here = f"{'/'.join(path[at + 1 :])}:{line}:{func}"
                 return f"{here} > {_short(child)}" if functions else here
             child = name
         elif name.startswith("<built-in"):
@@ -213,7 +213,7 @@ def _short(name: str) -> str:
         return name
     path, line, func = frame
     at = max((i for i, p in enumerate(path) if p == "trimtab"), default=len(path) - 2)
-    return f"{'/'.join(path[at + 1:])}:{line}:{func}"
+    return f"{'/'.join(path[at + 1 :])}:{line}:{func}"
 
 
 def invocation(script: str | Path, argv: Sequence[str] | None = None) -> str:
