@@ -269,3 +269,29 @@ def test_invocation_names_the_script_from_its_benchmarks_folder(tmp_path) -> Non
     script = tmp_path / "repo" / "benchmarks" / "experiments" / "probe.py"
     assert invocation(script, ["--out", "x.json"]) == "benchmarks/experiments/probe.py --out x.json"
     assert invocation(tmp_path / "elsewhere.py", []) == "elsewhere.py"
+
+
+def test_labelled_ops_name_the_trimtab_line_and_the_phase_of_each_operator() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from trimtab.benchmarking import _labels, kernel_census, labelled_ops
+    from trimtab.quantile import abs_quantile
+
+    x = torch.randn(1000)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with labelled_ops(["abs_quantile"]):
+            abs_quantile(x, 0.99)
+            x.sin()  # called from here: no trimtab frame
+    labels = [_labels(e) for e in prof.events() if e.name.startswith("aten::")]
+    sources = {d["@source "] for d in labels if d}
+    phases = {d["@phase "] for d in labels if d}
+    assert "(elsewhere)" in sources and "(elsewhere)" in phases
+    ours = sorted(s for s in sources if s != "(elsewhere)")
+    assert ours and all(s.startswith(("quantile.py:", "_count.py:")) for s in ours), ours
+    assert all(int(s.split(":")[1]) > 0 for s in ours)  # the line of the call
+    ours = phases - {"(elsewhere)"}  # the lines of abs_quantile that ran operators
+    assert ours and all(p.startswith("quantile.py:") and p.endswith(":abs_quantile") for p in ours)
+    # a CPU profile has no kernels: nothing counted, nothing attributed
+    census = kernel_census(prof, 2)
+    assert census["kernels"] == 0 and census["by_source"] == {} and census["by_phase"] == {}

@@ -16,7 +16,7 @@ each graph launch timed alone on an idle device (the host's cost of a launch). N
 ``--census``: where the kernels come from. The steps run eagerly (``run.cuda_graph = 'off'``:
 the same operators, each seen with the Python stack that called it) and every kernel is counted
 at the line of the learn step, the collection or the loop it came from, and at the innermost
-function of trimtab that launched it (:func:`trimtab.benchmarking.kernel_census`); no timing.
+line of trimtab that launched it (:func:`trimtab.benchmarking.labelled_ops`); no timing.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from trimtab.benchmarking import (
     benchmark_parser,
     invocation,
     kernel_census,
+    labelled_ops,
     provenance,
     save_record,
 )
@@ -102,12 +103,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for _ in range(skip):
                 next(run)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                         with_stack=args.census) as prof:  # fmt: skip
-                for _ in range(steps):
-                    next(run)
+            labels = labelled_ops(PHASES) if args.census else contextlib.nullcontext()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                with labels:
+                    for _ in range(steps):
+                        next(run)
                 torch.cuda.synchronize()
-            census = kernel_census(prof, steps, phases=PHASES if args.census else ())
+            census = kernel_census(prof, steps)
             wall, launches = math.nan, []
             if not args.census:
                 t0 = time.perf_counter()

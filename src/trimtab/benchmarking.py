@@ -10,6 +10,7 @@ the commit there as ``TRIMTAB_COMMIT`` (``benchmarks/tools/gpu_tier.sh`` does).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -19,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "cprofile_top",
     "invocation",
     "kernel_census",
+    "labelled_ops",
     "markdown_table",
     "provenance",
     "record_key",
@@ -115,24 +117,73 @@ def cprofile_top(prof: Any, n: int) -> dict[str, list[dict[str, Any]]]:
     return {key: sorted(rows, key=lambda r: -r[key])[:n] for key in ("tottime", "cumtime")}
 
 
-def kernel_census(
-    prof: Any, steps: int = 1, *, phases: Sequence[str] = (), copies: bool = False
-) -> dict[str, Any]:
+#: how :func:`labelled_ops` names the profiler ranges it opens around an operator
+SOURCE, PHASE = "@source ", "@phase "
+
+
+@contextlib.contextmanager
+def labelled_ops(phases: Sequence[str] = ()) -> Iterator[None]:
+    """Every torch operator run in the block (eagerly; a CUDA graph's replay runs none) inside
+    two ``torch.profiler`` ranges that say where it was called from: ``"@source <frame>"``, the
+    innermost frame of ``trimtab``'s sources (``"rl/agent/losses.py:88:project"``: file, line of
+    the call, function), and ``"@phase <frame>"``, the innermost frame whose function is one of
+    ``phases`` (``"rl/agent/learner.py:175:guarded_step"``: the line of the step it came from).
+    A frame that is not found is ``"(elsewhere)"``; an operator of autograd's backward (run by
+    its engine, with no Python caller) ``"(backward) <operator>"``. Read by
+    :func:`kernel_census`. It works from the interpreter's frames, not the profiler's Python
+    tracer (which records no frames on some torch and Python versions)."""
+    import sys
+    import threading
+
+    from torch.autograd.profiler import record_function
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    here, main = Path(__file__).resolve(), threading.main_thread()
+    wanted = frozenset(phases)
+
+    def origin() -> tuple[str, str]:
+        source = phase = None
+        f = sys._getframe(3)
+        while f is not None and (source is None or (wanted and phase is None)):
+            path = Path(f.f_code.co_filename)
+            if "trimtab" in path.parts and path != here:
+                at = max(i for i, p in enumerate(path.parts) if p == "trimtab")
+                frame = f"{'/'.join(path.parts[at + 1 :])}:{f.f_lineno}:{f.f_code.co_name}"
+                if source is None:
+                    source = frame
+                if phase is None and f.f_code.co_name in wanted:
+                    phase = frame
+            f = f.f_back
+        return source or "(elsewhere)", phase or "(elsewhere)"
+
+    class Labels(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if threading.current_thread() is not main:
+                source = phase = f"(backward) {func}"
+            else:
+                source, phase = origin()
+            with record_function(SOURCE + source), record_function(PHASE + phase):
+                return func(*args, **(kwargs or {}))
+
+    with Labels():
+        yield
+
+
+def kernel_census(prof: Any, steps: int = 1, *, copies: bool = False) -> dict[str, Any]:
     """The GPU kernels of a ``torch.profiler`` profile (CUDA activity) per step of ``steps``:
     ``{"kernels", "kernel_us", "by_name": {name: launches}, "by_source": {frame: launches},
-    "by_phase": {frame: launches}}``. Memory copies and sets are left out unless ``copies``:
-    what is counted is the kernels a step launches.
-
-    ``by_source`` (a profile with CPU activity, of an eager step: a CUDA graph's replayed
-    kernels have no operator) counts each kernel at :func:`op_origin` of the torch operator that
-    launched it; a kernel launched outside an operator (a Triton kernel) at
-    ``"(not an operator) <name>"``. ``by_phase`` counts it at the innermost frame of its
-    operator's Python stack whose function is one of ``phases`` (``"guarded_step"``: the line of
-    the learn step it came from), ``"(elsewhere)"`` if none."""
+    "by_phase": {frame: launches}}``, each most first. Memory copies and sets are left out
+    unless ``copies``: what is counted is the kernels a step launches. ``by_source`` and
+    ``by_phase`` are filled where the profiled steps ran inside :func:`labelled_ops` (eagerly):
+    each kernel counted at its operator's labels, a kernel launched outside an operator (a
+    Triton kernel) at ``"(not an operator) <name>"``."""
     cuda = torch.autograd.DeviceType.CUDA
 
     def counted(name: str) -> bool:
         return copies or not (name.startswith("Memcpy") or name.startswith("Memset"))
+
+    def add(d: dict[str, float], key: str, n: float = 1) -> None:
+        d[key] = d.get(key, 0) + n
 
     n, us = 0, 0.0
     by_name: dict[str, float] = {}
@@ -140,29 +191,25 @@ def kernel_census(
         if e.device_type == cuda and counted(e.name):
             n += 1
             us += e.device_time if hasattr(e, "device_time") else e.cuda_time
-            by_name[e.name[:80]] = by_name.get(e.name[:80], 0) + 1
+            add(by_name, e.name[:80])
     by_source: dict[str, float] = {}
     by_phase: dict[str, float] = {}
     left = dict(by_name)
     for e in prof.events():
-        if e.device_type == cuda or not e.kernels:
+        mine = [] if e.device_type == cuda else [k for k in e.kernels if counted(k.name)]
+        labels = _labels(e) if mine else {}
+        if not labels:
             continue
-        mine = [k for k in e.kernels if counted(k.name)]
-        if not mine:
-            continue
-        src, phase = op_origin(e), op_origin(e, phases) if phases else None
         for k in mine:
-            by_source[src] = by_source.get(src, 0) + 1
-            if phase is not None:
-                by_phase[phase] = by_phase.get(phase, 0) + 1
+            add(by_source, labels.get(SOURCE, "(elsewhere)"))
+            add(by_phase, labels.get(PHASE, "(elsewhere)"))
             if k.name[:80] in left:
                 left[k.name[:80]] -= 1
-    if by_source:  # what no operator launched
+    if by_source:  # the kernels no labelled operator launched
         for name, count in left.items():
             if count > 0:
-                by_source[f"(not an operator) {name}"] = count
-                if phases:
-                    by_phase["(not an operator)"] = by_phase.get("(not an operator)", 0) + count
+                add(by_source, f"(not an operator) {name}", count)
+                add(by_phase, "(not an operator)", count)
 
     def per_step(d: dict[str, float]) -> dict[str, float]:
         return {k: v / steps for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
@@ -171,49 +218,16 @@ def kernel_census(
             "by_source": per_step(by_source), "by_phase": per_step(by_phase)}  # fmt: skip
 
 
-def op_origin(event: Any, functions: Sequence[str] = ()) -> str:
-    """Where a profiled torch operator (an event of a ``torch.profiler`` profile recorded
-    ``with_stack=True``) was called from: the innermost function of ``trimtab``'s sources among
-    its enclosing Python frames (``"rl/agent/losses.py:40:project"``, the line where the function
-    starts). With ``functions``: the innermost frame whose function is one of them and the call
-    made from it (``"rl/agent/learner.py:160:guarded_step > rl/agent/dqn.py:300:loss"``). An
-    operator that autograd's backward ran: ``"(backward) <node>"``; none of these:
-    ``"(elsewhere)"``."""
-    e, child = event.cpu_parent, "(its own operators)"
-    while e is not None:
-        name = e.name
-        if name.startswith("autograd::engine::evaluate_function: "):
-            return f"(backward) {name.split(': ', 1)[1]}"
-        frame = _frame(name)
-        if frame is not None:
-            path, line, func = frame
-            if "trimtab" in path and (not functions or func in functions):
-                at = max(i for i, p in enumerate(path) if p == "trimtab")
-                here = f"{'/'.join(path[at + 1 :])}:{line}:{func}"
-                return f"{here} > {_short(child)}" if functions else here
-            child = name
-        elif name.startswith("<built-in"):
-            child = "(its own operators)"
+def _labels(event: Any) -> dict[str, str]:
+    """The :func:`labelled_ops` ranges around a profiled event (itself included), by kind."""
+    found: dict[str, str] = {}
+    e = event
+    while e is not None and len(found) < 2:
+        for kind in (SOURCE, PHASE):
+            if e.name.startswith(kind) and kind not in found:
+                found[kind] = e.name[len(kind) :]
         e = e.cpu_parent
-    return "(elsewhere)"
-
-
-def _frame(name: str) -> tuple[list[str], str, str] | None:
-    """A profiler's Python-frame event name ``"path(line): function"`` split, or None."""
-    path, sep, rest = name.partition("(")
-    line, sep2, func = rest.partition("): ")
-    if not (sep and sep2 and line.isdigit()):
-        return None
-    return path.replace("\\", "/").split("/"), line, func
-
-
-def _short(name: str) -> str:
-    frame = _frame(name)
-    if frame is None:
-        return name
-    path, line, func = frame
-    at = max((i for i, p in enumerate(path) if p == "trimtab"), default=len(path) - 2)
-    return f"{'/'.join(path[at + 1 :])}:{line}:{func}"
+    return found
 
 
 def invocation(script: str | Path, argv: Sequence[str] | None = None) -> str:
