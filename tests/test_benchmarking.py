@@ -279,10 +279,9 @@ def test_labelled_ops_name_the_trimtab_line_and_the_phase_of_each_operator() -> 
     from trimtab.quantile import abs_quantile
 
     x = torch.randn(1000)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with labelled_ops(["abs_quantile"]):
-            abs_quantile(x, 0.99)
-            x.sin()  # called from here: no trimtab frame
+    with profile(activities=[ProfilerActivity.CPU]) as prof, labelled_ops(["abs_quantile"]):
+        abs_quantile(x, 0.99)
+        x.sin()  # called from here: no trimtab frame
     labels = [_labels(e) for e in prof.events() if e.name.startswith("aten::")]
     sources = {d["@source "] for d in labels if d}
     phases = {d["@phase "] for d in labels if d}
