@@ -50,10 +50,10 @@ class Windows:
         self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def wrap(self, turn: Any) -> Any:
-        def counted(member: Any) -> Any:
+        def counted(*args: Any) -> Any:  # (population._turn's arguments)
             self._mark()
             try:
-                return turn(member)
+                return turn(*args)
             finally:
                 self.turns += 1
                 if self.turns == self.bounds[-1]:

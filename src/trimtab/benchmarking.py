@@ -179,8 +179,10 @@ def kernel_census(prof: Any, steps: int = 1, *, copies: bool = False) -> dict[st
     Triton kernel) at ``"(not an operator) <name>"``."""
     cuda = torch.autograd.DeviceType.CUDA
 
-    def counted(name: str) -> bool:
-        return copies or not (name.startswith("Memcpy") or name.startswith("Memset"))
+    def counted(name: str) -> bool:  # (a profiler range is on the GPU's timeline too)
+        if name.startswith((SOURCE, PHASE)):
+            return False
+        return copies or not name.startswith(("Memcpy", "Memset"))
 
     def add(d: dict[str, float], key: str, n: float = 1) -> None:
         d[key] = d.get(key, 0) + n

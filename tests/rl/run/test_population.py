@@ -162,6 +162,7 @@ def test_a_cuda_population_runs_each_member_on_its_own_stream(tmp_path, capsys):
         population._advance = turn
     assert len({s.stream_id for s in streams}) == 3  # one stream per member
     assert torch.cuda.default_stream().stream_id not in {s.stream_id for s in streams}
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()  # set back after the turns
     for seed in (1, 2, 3):
         s = json.loads((out / f"seed{seed}" / "summary.json").read_text())
         assert (s["env_steps"], s["updates"], s["halted"]) == (16000, 876, None)

@@ -17,6 +17,7 @@ so a member's numbers are those of the same run alone (on the CPU, bitwise: test
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from collections.abc import Callable, Generator, Sequence
@@ -67,13 +68,20 @@ def interleave(
     if any(d.type == "cuda" for d in devices):
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", CUDA_CONNECTIONS)
     members = [Member(start, torch.device(d)) for start, d in zip(starts, devices)]
+    # CUDA members on one device: that device is current for the whole loop, entered once (a
+    # device context a turn cost more host time than a member's launches of small graphs)
+    cudas = {_cuda_index(m.device) for m in members if m.device.type == "cuda"}
+    shared = torch.cuda.device(min(cudas)) if len(cudas) == 1 else contextlib.nullcontext()
     try:
-        while not all(m.done for m in members):
-            for i, m in enumerate(members):
-                if m.done:
-                    continue
-                if _turn(m) and on_done is not None:
-                    on_done(i, m.result)  # type: ignore[arg-type]
+        with shared:
+            # the stream current outside the members' turns, restored after each
+            outside = torch.cuda.current_stream() if len(cudas) == 1 else None
+            while not all(m.done for m in members):
+                for i, m in enumerate(members):
+                    if m.done:
+                        continue
+                    if _turn(m, outside) and on_done is not None:
+                        on_done(i, m.result)  # type: ignore[arg-type]
     except BaseException:
         for m in members:
             if m.steps is not None and not m.done:
@@ -82,20 +90,33 @@ def interleave(
     return [m.result for m in members]  # type: ignore[misc]
 
 
-def _turn(m: Member[T]) -> bool:
-    """One step of member ``m`` in its own random stream and CUDA stream; True once it is done."""
-    outside = torch.get_rng_state()
+def _turn(m: Member[T], outside: torch.cuda.Stream | None) -> bool:
+    """One step of member ``m`` in its own random stream and CUDA stream; True once it is done.
+    ``outside``: where the CUDA members share one device (made current by the caller), the
+    stream current between turns, set again after ``m``'s; None where their devices differ
+    (each turn then enters its member's device and stream the usual way)."""
+    rng = torch.get_rng_state()
     torch.set_rng_state(m.rng)
     try:
-        if m.device.type == "cuda":
-            if m.stream is None:
-                m.stream = torch.cuda.Stream(m.device)
+        if m.device.type != "cuda":
+            return _advance(m)
+        if m.stream is None:
+            m.stream = torch.cuda.Stream(m.device)
+        if outside is None:
             with torch.cuda.device(m.device), torch.cuda.stream(m.stream):
                 return _advance(m)
-        return _advance(m)
+        torch.cuda.set_stream(m.stream)  # (a stream context costs 3 device lookups a turn)
+        try:
+            return _advance(m)
+        finally:
+            torch.cuda.set_stream(outside)
     finally:
         m.rng = torch.get_rng_state()
-        torch.set_rng_state(outside)
+        torch.set_rng_state(rng)
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _advance(m: Member[T]) -> bool:
