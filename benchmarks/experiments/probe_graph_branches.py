@@ -34,6 +34,7 @@ from torch import nn
 from trimtab.benchmarking import (
     benchmark_parser,
     invocation,
+    kernel_census,
     markdown_table,
     provenance,
     save_record,
@@ -117,8 +118,7 @@ def kernels_per_replay(replay: Any) -> int:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         replay()
         torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    return sum(1 for e in prof.events() if e.device_type == cuda and "emcpy" not in e.name)
+    return int(kernel_census(prof)["kernels"])
 
 
 def timed(round_: Any, rounds: int) -> float:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +21,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, kernel_census, provenance, save_record
 from trimtab.rl.config import TrainConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "profile_graph_h200.json"
 
 
 def _kernels(prof: Any, n: int) -> dict[str, dict[str, float]]:
-    """GPU kernels of a profile, by name: µs and launches per replay (of ``n``)."""
-    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            a = acc[e.name[:90]]
-            a[0] += e.device_time if hasattr(e, "device_time") else e.cuda_time
-            a[1] += 1
-    return {k: {"us": v[0] / n, "launches": v[1] / n}
-            for k, v in sorted(acc.items(), key=lambda kv: -kv[1][0])}  # fmt: skip
+    """GPU kernels and copies of a profile, by name: µs and launches per replay (of ``n``)."""
+    census = kernel_census(prof, n, copies=True)
+    return {k: {"us": us, "launches": census["by_name"][k]}
+            for k, us in census["us_by_name"].items()}  # fmt: skip
 
 
 def profile(fn: Any, n: int) -> dict[str, dict[str, float]]:

@@ -171,8 +171,9 @@ def labelled_ops(phases: Sequence[str] = ()) -> Iterator[None]:
 
 def kernel_census(prof: Any, steps: int = 1, *, copies: bool = False) -> dict[str, Any]:
     """The GPU kernels of a ``torch.profiler`` profile (CUDA activity) per step of ``steps``:
-    ``{"kernels", "kernel_us", "by_name": {name: launches}, "by_source": {frame: launches},
-    "by_phase": {frame: launches}}``, each most first. Memory copies and sets are left out
+    ``{"kernels", "kernel_us", "by_name": {name: launches}, "us_by_name": {name: µs},
+    "by_source": {frame: launches}, "by_phase": {frame: launches}}``, each most first (names cut
+    to 80 characters). Memory copies and sets are left out
     unless ``copies``: what is counted is the kernels a step launches. ``by_source`` and
     ``by_phase`` are filled where the profiled steps ran inside :func:`labelled_ops` (eagerly):
     each kernel counted at its operator's labels, a kernel launched outside an operator (a
@@ -189,11 +190,13 @@ def kernel_census(prof: Any, steps: int = 1, *, copies: bool = False) -> dict[st
 
     n, us = 0, 0.0
     by_name: dict[str, float] = {}
+    us_by_name: dict[str, float] = {}
     for e in prof.events():
         if e.device_type == cuda and counted(e.name):
-            n += 1
-            us += e.device_time if hasattr(e, "device_time") else e.cuda_time
+            t = e.device_time if hasattr(e, "device_time") else e.cuda_time
+            n, us = n + 1, us + t
             add(by_name, e.name[:80])
+            add(us_by_name, e.name[:80], t)
     by_source: dict[str, float] = {}
     by_phase: dict[str, float] = {}
     left = dict(by_name)
@@ -217,7 +220,8 @@ def kernel_census(prof: Any, steps: int = 1, *, copies: bool = False) -> dict[st
         return {k: v / steps for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
 
     return {"kernels": n / steps, "kernel_us": us / steps, "by_name": per_step(by_name),
-            "by_source": per_step(by_source), "by_phase": per_step(by_phase)}  # fmt: skip
+            "us_by_name": per_step(us_by_name), "by_source": per_step(by_source),
+            "by_phase": per_step(by_phase)}  # fmt: skip
 
 
 def _labels(event: Any) -> dict[str, str]:
