@@ -447,3 +447,46 @@ def test_host_abs_max_is_the_reference():
         assert (math.isnan(want) and math.isnan(value)) or value == want, (x.dtype, want, value)
     assert abs_max_host([torch.ones(3), torch.ones(3, dtype=torch.bfloat16)]) is None
     assert abs_max_host([]) == []
+
+
+def test_peek_on_the_cpu_is_the_flag_now():
+    x = torch.ones(3)
+    s = Sentinel("cpu")
+    s.add("x", x)
+    s.check()
+    assert s.peek() is False
+    x[1] = math.nan
+    s.check()
+    assert s.peek() is True and bool(s.fired())
+    s.reset()
+    assert s.peek() is False
+
+
+def test_peek_on_a_gpu_answers_from_an_earlier_copy_and_forgets_it_at_a_reset():
+    """Each peek queues a copy of the flag and answers from the one before it, once made: a
+    fire is seen one peek late; a copy queued before a reset is not a fire after it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    x = torch.ones(3, device="cuda")
+    s = Sentinel("cuda")
+    s.add("x", x)
+    s.check()
+    assert s.peek() is False  # nothing queued before: queues the first copy (no fire)
+    x[1] = math.nan
+    s.check()
+    torch.cuda.synchronize()
+    assert s.peek() is False  # the first copy, made before the NaN; queues the next
+    torch.cuda.synchronize()
+    assert s.peek() is True  # the copy made after it
+    torch.cuda.synchronize()
+    s.reset()  # the copy the last peek queued (a fire) is forgotten
+    assert s.peek() is False
+    torch.cuda.synchronize()
+    assert s.peek() is False
+    torch.cuda.set_sync_debug_mode("error")  # peek itself never waits for the device
+    try:
+        for _ in range(3):
+            s.check()
+            s.peek()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

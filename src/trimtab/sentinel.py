@@ -184,6 +184,8 @@ class Sentinel:
         #: merged yet), written by :class:`trimtab.distributed.RankConsistent` when it merges
         #: the ranks' records.
         self.ranks: torch.Tensor | None = None
+        #: :meth:`peek`'s pinned copy of the flag, the event after it, whether one is on its way
+        self._peek: tuple[torch.Tensor, torch.cuda.Event, list[bool]] | None = None
         register(self, "reset", name="sentinel", what="clear first-fire records and step counters")
 
     # --- building ----------------------------------------------------------------------------
@@ -324,6 +326,32 @@ class Sentinel:
         """A 0-dim device bool: has any slot fired since the last reset (no sync)."""
         return self._state.fired()
 
+    def peek(self) -> bool:
+        """:meth:`fired` read without waiting for the device: a loop's cheap "stop?" question.
+
+        On a CUDA device each call queues a copy of the flag into pinned host memory behind
+        the work queued so far on the current stream, and answers from the copy an earlier
+        call queued, once the device has made it (False until then; a call that finds its copy
+        not made yet queues none). A fire is seen one call late or later, never lost: a loop
+        that halts on it reads :meth:`fired` or :meth:`report` before it ends or saves. On the
+        CPU: :meth:`fired`, read now (nothing to wait for). A :meth:`reset` forgets a copy
+        still on its way."""
+        flag = self.fired()
+        if flag.device.type != "cuda":
+            return bool(flag)
+        if self._peek is None:
+            pinned = torch.zeros((), dtype=torch.bool, pin_memory=True)
+            self._peek = (pinned, torch.cuda.Event(), [False])
+        pinned, made, pending = self._peek
+        seen = False
+        if pending[0] and made.query():
+            seen, pending[0] = bool(pinned), False
+        if not pending[0]:
+            pinned.copy_(flag, non_blocking=True)
+            made.record()
+            pending[0] = True
+        return seen
+
     def report(self) -> list[Firing]:
         """The fired slots in order of first firing (syncs: reads the records to the host)."""
         records = self._state.records()
@@ -372,6 +400,8 @@ class Sentinel:
         self._state.reset()
         if self.ranks is not None:
             self.ranks.fill_(-1)
+        if self._peek is not None:
+            self._peek[2][0] = False  # a copy of the flag before the reset is not a fire
 
     #: The device tensors that hold what the sentinel has seen (the rest is its wiring).
     _RECORDS = ("rec", "value", "counters", "guard_steps")

@@ -170,9 +170,10 @@ class RunConfig:
     # and GPU, or where this machine's cache already holds them; "off": compile as launched.
     # A CPU run compiles no kernels either way.
     precompile: Literal["auto", "off"] = "auto"
-    # Gradient steps between the host reads of the sentinel's "did anything fire?" flag (also
-    # read at each metrics row, before each checkpoint and at each fold end). Under "halt" a
-    # fire is found up to check_every - 1 steps late; the report names the step it fired at.
+    # Gradient steps between the host's "did anything fire?" questions to the sentinel (its
+    # flag is also read at each metrics row, before each checkpoint and at each fold end).
+    # Under "halt" a fire is found up to check_every - 1 steps late on the CPU, a question
+    # later on a GPU (Sentinel.peek: no wait for the device); the report names its step.
     check_every: int = DEFAULT_CHECK_EVERY
     # adaptive mode: learn steps per measurement of the measured bounds (the targets' and the
     # trunk's quantiles, the gradient clip's refit, Adam's weight statistics, with their

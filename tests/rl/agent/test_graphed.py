@@ -59,8 +59,9 @@ def test_the_flag_is_read_every_check_every_steps_and_names_the_fire(tmp_path):
     one step that ran after it."""
     learner = wired_learner(tiny(tmp_path, on_nonfinite="halt", check_every=3))
     reads = []
-    real = learner.halt_message
-    learner.halt_message = lambda: reads.append(learner.agent.num_updates) or real()
+    sentinel = learner.stability.sentinel
+    real = sentinel.peek
+    sentinel.peek = lambda: reads.append(learner.agent.num_updates) or real()
     found = {}
     for i in range(9):
         batch = random_batch()
@@ -81,6 +82,7 @@ def test_the_cadence_follows_the_update_count_across_a_resume(tmp_path):
     steps as an uninterrupted one."""
     learner = wired_learner(tiny(tmp_path, check_every=4))
     learner.agent.num_updates = 7
+    learner.stability.sentinel.peek = lambda: True
     learner.halt_message = lambda: "fired"
     assert learner.poll() is None
     learner.agent.num_updates = 8

@@ -177,22 +177,24 @@ def test_a_checkpoint_loads_into_the_captured_buffers():
 
 
 def test_a_nan_under_capture_halts_naming_slot_and_step():
-    """Captured after 3 steps, the flag read every 4: a NaN reward in learn step 6 is found at
-    the read after update 8, named with its step."""
+    """Captured after 3 steps, the flag peeked every 4: a NaN reward in learn step 6 is in the
+    copy queued at the poll after update 8, which the poll after update 12 answers from (the
+    device synchronised before each poll: the copy is made), named with its step."""
     learner, _ = _learner("on", on_nonfinite="halt", check_every=4)
     found = {}
-    for i in range(10):
+    for i in range(14):
         batch = _batch(i)
         if i == 6:
             batch["next_obs"][0, 1] = math.nan
         learner.learn(batch)
+        torch.cuda.synchronize()
         message = learner.poll()
         if message:
             found[learner.agent.num_updates] = message
     assert learner.graph.captures == 1
-    assert sorted(found) == [8]
-    assert "'replay.next_obs' fired first: nan in phase batch at learn step 6 of" in found[8]
-    assert "1 learn step(s) ran after it" in found[8]
+    assert sorted(found) == [12]
+    assert "'replay.next_obs' fired first: nan in phase batch at learn step 6 of" in found[12]
+    assert "5 learn step(s) ran after it" in found[12]
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -185,12 +185,19 @@ class Learner:
         return info
 
     def poll(self) -> str | None:
-        """The loop's one host read of "did anything fire?", made every :attr:`check_every`
-        updates (counted by the agent's update count, so the cadence survives a resume):
-        :meth:`halt_message` on those steps, None without reading anything on the others.
-        Under ``halt`` a fire is found up to ``check_every - 1`` steps late; the message names
-        the step where it fired, from the sentinel's device-side record."""
+        """The loop's "did anything fire?", asked every :attr:`check_every` updates (counted by
+        the agent's update count, so the cadence survives a resume), None without reading
+        anything on the others. On those steps, on one process, the sentinel's flag is
+        :meth:`trimtab.Sentinel.peek`-ed (on a GPU: a copy queued now, answered by the copy an
+        earlier poll queued, so the host never waits for the device); once it shows a fire,
+        :meth:`halt_message`. With ranks, :meth:`halt_message` at once (its merge of the ranks'
+        flags is a collective every rank makes on the same step). Under ``halt`` a fire is found
+        up to ``check_every - 1`` steps late on the CPU, one poll or more later on a GPU; the
+        message names the step where it fired, from the sentinel's device-side record, and
+        the loop reads the flag itself before a checkpoint and at a fold's end."""
         if self.agent.num_updates % self.check_every:
+            return None
+        if self.consistent is None and not self.stability.sentinel.peek():
             return None
         return self.halt_message()
 
