@@ -259,8 +259,11 @@ class Checks:
         self._seen[name] = x
 
     def see_forward(self, obs: Tensor, atom_span: Tensor, logits: Tensor) -> None:
-        """Hold the forward phase's buffers besides the loss, for :meth:`loss` to check."""
-        self._seen.update(obs=obs, atom_span=atom_span, logits=logits.detach())
+        """Hold the forward phase's buffers besides the loss, for :meth:`loss` to check. The
+        atom span is made contiguous (a branch-shared support is one value expanded over the
+        branches): the sentinel's kernel reads contiguous tensors only, and one strided slot
+        would send the phase's whole check to its torch reference (dozens of kernels)."""
+        self._seen.update(obs=obs, atom_span=atom_span.contiguous(), logits=logits.detach())
 
     def loss(self, loss: Tensor) -> None:
         """Phase ``forward`` (the Guard's loss check, :meth:`trimtab.Guard.check_loss`): the
