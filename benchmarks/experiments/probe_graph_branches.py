@@ -3,7 +3,7 @@ are one CUDA graph's parallel branches than when each is a graph of its own, rep
 stream (what a population does, ``trimtab.rl.run.population``).
 
     python benchmarks/experiments/probe_graph_branches.py [--members 1 3 8 32] [--rounds 300]
-        [--out FILE --key NAME]
+        [--threads 2 4 8] [--out FILE --key NAME]
 
 Each member is a small training step of its own: CleanRL's C51 network for CartPole (4-120-84-
 2x101, batch 256), a cross-entropy loss on its softmax, backward and ``torch.optim.Adam``
@@ -14,7 +14,10 @@ per member count:
 * ``streams``: one graph per member, captured on a stream of its own, the graphs replayed in turn
   on the members' own streams (the population's arrangement);
 * ``branches``: one graph holding every member's step as a parallel branch (forked from the
-  capture stream onto the members' streams and joined back), replayed once a round.
+  capture stream onto the members' streams and joined back), replayed once a round;
+* ``threadsT``: the per-member graphs of ``streams`` launched by ``T`` host threads at once
+  (``--threads``), each its share of the members (whether launches from several threads
+  overlap: ``CUDAGraph.replay`` releasing the GIL).
 
 Kernels a step are counted with ``torch.profiler`` over one member's graph; the rate is members x
 rounds x kernels over the wall time of the rounds (after a synchronize). First, what one launch
@@ -112,6 +115,30 @@ def branched_graph(members: list[Member], streams: list[torch.cuda.Stream]) -> A
     return g.replay, g
 
 
+def threaded_launches(
+    graphs: list[torch.cuda.CUDAGraph], streams: list[torch.cuda.Stream], threads: int
+) -> Any:
+    """The per-member graphs of :func:`per_member_graphs` replayed by ``threads`` host threads
+    at once, each launching its share of the members on their own streams; a round ends when
+    every thread has launched its share. Launches overlap only where ``CUDAGraph.replay``
+    lets go of Python's GIL while the driver launches."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="launch")
+    shares = [list(range(i, len(graphs), threads)) for i in range(threads)]
+
+    def launch(share: list[int]) -> None:
+        for j in share:
+            with torch.cuda.stream(streams[j]):
+                graphs[j].replay()
+
+    def round_() -> None:
+        for _ in pool.map(launch, shares):
+            pass
+
+    return round_, pool
+
+
 def kernels_per_replay(replay: Any) -> int:
     from torch.profiler import ProfilerActivity, profile
 
@@ -164,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = benchmark_parser(__doc__, None, quick="two members, few rounds", key=True)
     p.add_argument("--members", nargs="+", type=int, default=[1, 3, 8, 32])
     p.add_argument("--rounds", type=int, default=300)
+    p.add_argument("--threads", nargs="+", type=int, default=[2, 4, 8],
+                   help="host threads launching the per-member graphs (a row each)")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("probe_graph_branches.py needs a CUDA device")
@@ -176,8 +205,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _warm(members, streams)
         rnd, graphs = per_member_graphs(members, streams)
         per_step = kernels_per_replay(graphs[0].replay)
-        for way, (round_, _) in (("streams", (rnd, graphs)),
-                                 ("branches", branched_graph(members, streams))):  # fmt: skip
+        ways = [("streams", rnd), ("branches", branched_graph(members, streams)[0])]
+        pools = [(t, *threaded_launches(graphs, streams, t)) for t in args.threads if 1 < t <= n]
+        ways += [(f"threads{t}", r) for t, r, _ in pools]
+        for way, round_ in ways:
             wall = timed(round_, rounds)
             rate = n * rounds * per_step / wall
             rows.append({"members": n, "way": way, "kernels_per_step": per_step,
@@ -187,6 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{rate / 1e6:.2f}M kernels/s ({per_step} a step)",
                 flush=True,
             )
+        for _, _, pool in pools:
+            pool.shutdown()
         del members, graphs
     result = {"rounds": rounds, "launch_host_us": launch, "rows": rows}
     if args.out:
