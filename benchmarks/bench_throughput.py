@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput_h200.json"
@@ -109,8 +109,8 @@ def save(args: Any, argv: list[str] | None, rows: list[dict[str, Any]]) -> dict[
                     and o["mode"] == "off" and "env_steps_per_s" in o), None)  # fmt: skip
         if off is not None and "env_steps_per_s" in r:
             r["rate_vs_off"] = r["env_steps_per_s"] / off["env_steps_per_s"]
-    record = {**provenance(args.device), "command": " ".join(["benchmarks/bench_throughput.py",
-              *(sys.argv[1:] if argv is None else argv)]), "rows": rows}  # fmt: skip
+    record = {**provenance(args.device), "command": invocation(__file__, argv),
+              "rows": rows}  # fmt: skip
     if args.out is not None:
         save_record(args.out, args.key, record)
     return record

@@ -21,7 +21,6 @@ priority update in one graph, the target sync on the host), interleaved with the
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 
 from trimtab.benchmarking import (
     benchmark_parser,
+    invocation,
     markdown_table,
     provenance,
     save_record,
@@ -241,9 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         result.update(captured=captured, captured_guard_overhead=c)
     if args.key is not None:
-        result["command"] = "benchmarks/bench_trainer.py " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
+        result["command"] = invocation(__file__, argv)
         save_record(args.out, args.key, result)
     else:
         write_json(args.out, result, indent=2)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--key")
     args = p.parse_args(argv)
-    from trimtab.benchmarking import provenance, save_record
+    from trimtab.benchmarking import invocation, provenance, save_record
     from trimtab.cli import main as trimtab_main
 
     failed = 0
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = trial_rows(args.sweep_dir)
     cells = score_cells(rows, args.plots)
     full = all(r["complete"] for r in rows)
-    record = {**provenance("cpu"), "command": " ".join(["python", *sys.argv]),
+    record = {**provenance("cpu"), "command": invocation(__file__, argv),
               "config": str(EXAMPLE.relative_to(ROOT)), "overrides": args.set,
               "full_budget": full, "failed_sweeps": failed, "trials": len(rows),
               "cells": cells, "targets": targets(cells)}  # fmt: skip

@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cartpole.json"
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows = list(pool.map(lambda j: run_one(j[0], j[1], args.runs, [*sets, *j[3]], args.quick,
                                                args.config, args.device, j[2],
                                                tuple(args.curves)), jobs))  # fmt: skip
-    record = {**provenance(args.device), "command": " ".join(sys.argv), "sets": sets,
+    record = {**provenance(args.device), "command": invocation(__file__, argv), "sets": sets,
               "variants": dict(variants) if args.variant else None,
               "config": str(args.config), "device": args.device, "jobs": args.jobs,
               "runs": rows, "summary": aggregate(rows)}  # fmt: skip

@@ -20,13 +20,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "clamp_engagement.json"
@@ -95,7 +94,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = [engagement(r) for r in args.runs]
     for r in runs:
         print(json.dumps({k: v for k, v in r.items() if k != "run_dir"}), r["run_dir"])
-    record = {**provenance(), "command": " ".join(sys.argv), "note": args.note, "runs": runs}
+    record = {
+        **provenance(),
+        "command": invocation(__file__, argv),
+        "note": args.note,
+        "runs": runs,
+    }
     save_record(args.out, args.key, record)
     return record
 

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.configio import from_dict, to_toml
 from trimtab.rl.data.load import DataError
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for n in r["notes"][:6]:
             print(f"    {n}")
     record = {**provenance("cpu"), "quick": args.quick, "seed": args.seed,
-              "command": " ".join(sys.argv), "results": results}  # fmt: skip
+              "command": invocation(__file__, argv), "results": results}  # fmt: skip
     save_record(args.out, "quick" if args.quick else "full", record, indent=2)
     return record
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trimtab.benchmarking import benchmark_parser, provenance
+from trimtab.benchmarking import benchmark_parser, invocation, provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale_report import ARMS, fill_from_runs, market_fields, merge_records, write
@@ -445,7 +445,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             units.update(part.get("units_check", {}))
         records = merge_records(old.get("records", []), *[p["records"] for p in parts])
         fill_from_runs(records)
-        doc = write(args.out, records, {"command": " ".join(sys.argv), "units_check": units})
+        doc = write(
+            args.out, records, {"command": invocation(__file__, argv), "units_check": units}
+        )
         print(doc["table"])
         return doc
     deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
@@ -485,7 +487,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 new.append(run_inline(t))
             show(new[-1])
     records = merge_records(old.get("records", []), new)
-    doc = write(args.out, records, {"command": " ".join(sys.argv), "units_check": units})
+    doc = write(args.out, records, {"command": invocation(__file__, argv), "units_check": units})
     print(doc["table"])
     left = [r for r in new if r["status"] in ("incomplete", "not started")]
     print(f"written {args.out} (+ .md, {len(doc['plots'])} plots); {len(left)} trials left "

@@ -14,14 +14,19 @@ span of README "Where a clamp binds". Groups: weight matrices, then vectors (bia
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, save_record
+from trimtab.benchmarking import (
+    benchmark_parser,
+    invocation,
+    markdown_table,
+    provenance,
+    save_record,
+)
 from trimtab.optim import WEIGHT_BOUND_FLOOR
 from trimtab.optim._reference import coefficients
 
@@ -92,8 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"headroom {h:g}, seed {seed}: done", flush=True)
     header = ["headroom", "seed", "updates", "clamped: matrices / vectors", "above the bound"]
     print(markdown_table(header, body, "rrrrr"))
-    record = {**provenance("cpu"), "command": " ".join(["benchmarks/weight_clamp_binding.py",
-              *(sys.argv[1:] if argv is None else argv)]), "config": str(args.config),
+    command = invocation(__file__, argv)
+    record = {**provenance("cpu"), "command": command, "config": str(args.config),
               "sets": args.sets, "runs": rows}  # fmt: skip
     save_record(args.out, args.key, record)
     return record

@@ -13,7 +13,6 @@ time; ``--out`` adds a JSON record (machine, date, commit).
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +20,13 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from trimtab.benchmarking import benchmark_parser, own_triton_cache, provenance, save_record
+    from trimtab.benchmarking import (
+        benchmark_parser,
+        invocation,
+        own_triton_cache,
+        provenance,
+        save_record,
+    )
 
     p = benchmark_parser(__doc__, None, device="cuda", key=True, out_help="JSON to add a record to")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     total = sum(c["total_s"] for c in compiled)
     print(f"{len(compiled)} variants compiled, {total:.1f} s of compile; run wall {wall:.1f} s, "
           f"train {summary['seconds']:.1f} s")  # fmt: skip
-    record = {**provenance(args.device), "command": " ".join(sys.argv), "sets": args.sets,
+    record = {**provenance(args.device), "command": invocation(__file__, argv), "sets": args.sets,
               "wall_s": wall, "train_s": summary["seconds"], "compile_s": total,
               "variants": len(compiled), "compiles": compiled}  # fmt: skip
     if args.out is not None:

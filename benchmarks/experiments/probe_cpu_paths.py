@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
 from trimtab._script import scripted
-from trimtab.benchmarking import benchmark_parser, provenance, save_record
+from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
 from trimtab.estimate import AdaptiveEMA, _fold_reference
 from trimtab.optim import _multi_tensor as mt
 from trimtab.rl.config import TrainConfig
@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     record = {**provenance("cpu"), "fold": fold_paths(args.compile),
               "adam": adam_step(args.compile),
-              "command": "benchmarks/experiments/probe_cpu_paths.py " + " ".join(
-                  sys.argv[1:] if argv is None else argv)}  # fmt: skip
+              "command": invocation(__file__, argv)}  # fmt: skip
     f, a = record["fold"], record["adam"]
     print(f"fold of 3 slots: eager {f['eager_us']:.0f} us, TorchScript {f['torchscript_us']:.0f} us"
           + (f", compiled {f['compiled_us']:.0f} us ({f['compile_s']:.1f} s to compile)"

@@ -27,7 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
-from trimtab.benchmarking import benchmark_parser, markdown_table, provenance, save_record
+from trimtab.benchmarking import (
+    benchmark_parser,
+    invocation,
+    markdown_table,
+    provenance,
+    save_record,
+)
 from trimtab.kernels import clip, optim_finalize, quantile
 from trimtab.rl.config import TrainConfig
 
@@ -85,8 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown_table(["setting", "captured step, ms", "/ off"], body, "lrr"))
     record = {**provenance("cuda"), "replays": args.replays, "rounds": args.rounds,
               "settings": {n: SETTINGS[n] for n in args.settings}, "rows": rows,
-              "command": "benchmarks/experiments/probe_warps.py " + " ".join(
-                  sys.argv[1:] if argv is None else argv)}  # fmt: skip
+              "command": invocation(__file__, argv)}  # fmt: skip
     save_record(args.out, args.key, record)
     return record
 

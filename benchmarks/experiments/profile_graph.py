@@ -21,7 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
-from trimtab.benchmarking import benchmark_parser, kernel_census, provenance, save_record
+from trimtab.benchmarking import (
+    benchmark_parser,
+    invocation,
+    kernel_census,
+    provenance,
+    save_record,
+)
 from trimtab.rl.config import TrainConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "profile_graph_h200.json"
@@ -84,9 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for name, k in list(kern.items())[: args.top]:
                 print(f"  {k['us']:8.1f} us  {k['launches']:5.1f}x  {name}")
         record["modes"][mode] = out
-    record["command"] = "benchmarks/experiments/profile_graph.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
+    record["command"] = invocation(__file__, argv)
     save_record(args.out, args.key, record)
     return record
 

@@ -16,14 +16,13 @@ commit: ``benchmarks/results/support_loop.json``.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trimtab.benchmarking import benchmark_parser, provenance, write_json
+from trimtab.benchmarking import benchmark_parser, invocation, provenance, write_json
 from trimtab.bounds import AdaptiveBounds
 from trimtab.estimate import AdaptiveEMA
 
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         traj = run(updates, args.reward, args.gamma)
     fixed_point = abs(args.reward) / (1 - args.gamma)
-    doc = {**provenance(), "command": " ".join(sys.argv), "updates": updates,
+    doc = {**provenance(), "command": invocation(__file__, argv), "updates": updates,
            "reward": args.reward, "gamma": args.gamma, "seconds": time.perf_counter() - t0,
            "estimator_only": args.estimator_only, "final_estimator_state": state,
            **summarize(traj, fixed_point, every=min(1000, updates // 3))}  # fmt: skip
