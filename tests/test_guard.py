@@ -73,6 +73,7 @@ def test_the_plain_loop_learns_and_skips_a_nan_batch_bitwise(which: str) -> None
     assert "skipped (non-finite gradient or loss): 1" in report
     assert "'loss' first fired at step 150" in report
     fired = "'loss' fired first: phase 'loss', step 150"
+    assert guard.peek() is True  # on the CPU the flag as it is now
     with pytest.raises(trimtab.NonFiniteError, match=fired):
         guard.raise_if_fired()
 

@@ -401,6 +401,12 @@ class Guard:
         """0-dim device bool: has any sentinel slot fired since the last reset (no sync)."""
         return self.sentinel.fired()
 
+    def peek(self) -> bool:
+        """:meth:`trimtab.Sentinel.peek`: the flag without waiting for the device (on a GPU
+        answered from a copy an earlier call queued: a fire is seen a call late), for a loop
+        that asks "stop?" every N steps and then calls :meth:`raise_if_fired`."""
+        return self.sentinel.peek()
+
     def raise_if_fired(self) -> None:
         """Raise :class:`~trimtab.NonFiniteError` naming the first non-finite tensor and its
         step, if any (a host read: call it when you choose, e.g. every N steps)."""
