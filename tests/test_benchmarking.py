@@ -294,3 +294,47 @@ def test_labelled_ops_name_the_trimtab_line_and_the_phase_of_each_operator() -> 
     # a CPU profile has no kernels: nothing counted, nothing attributed
     census = kernel_census(prof, 2)
     assert census["kernels"] == 0 and census["by_source"] == {} and census["by_phase"] == {}
+
+
+def test_kernel_census_counts_kernels_by_name_source_and_phase() -> None:
+    """On a stand-in for a GPU profile: kernels counted per step by name, and by the labels of
+    the operator that launched them; copies, the labels' own ranges on the GPU timeline and a
+    kernel no operator launched (a Triton kernel) are told apart."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from trimtab.benchmarking import kernel_census
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def ev(name, device=cpu, parent=None, kernels=(), us=0.0):
+        return NS(name=name, device_type=device, cpu_parent=parent, kernels=list(kernels),
+                  device_time=us)  # fmt: skip
+
+    k = lambda name: NS(name=name)  # noqa: E731
+    phase = ev("@phase rl/agent/learner.py:164:guarded_step")
+    source = ev("@source rl/agent/losses.py:35:atoms", parent=phase)
+    add = ev("aten::add", parent=source, kernels=[k("add_kernel"), k("Memcpy DtoD")])
+    events = [
+        phase, source, add,
+        ev("aten::mul", kernels=[k("mul_kernel")]),  # outside labelled_ops: as if no operator
+        ev("add_kernel", cuda, us=2.0),
+        ev("Memcpy DtoD", cuda, us=1.0),
+        ev("mul_kernel", cuda, us=3.0),
+        ev("_check_kernel", cuda, us=4.0),  # launched outside any operator
+        ev("@phase rl/agent/learner.py:164:guarded_step", cuda, us=9.0),  # a range, not a kernel
+    ]  # fmt: skip
+    census = kernel_census(NS(events=lambda: events), 2)
+    assert census["kernels"] == 3 / 2 and census["kernel_us"] == 9.0 / 2
+    assert census["by_name"] == {"add_kernel": 0.5, "mul_kernel": 0.5, "_check_kernel": 0.5}
+    assert census["us_by_name"]["_check_kernel"] == 2.0
+    assert census["by_source"] == {"rl/agent/losses.py:35:atoms": 0.5,
+                                   "(not an operator) mul_kernel": 0.5,
+                                   "(not an operator) _check_kernel": 0.5}  # fmt: skip
+    assert census["by_phase"] == {"rl/agent/learner.py:164:guarded_step": 0.5,
+                                  "(not an operator)": 1.0}  # fmt: skip
+    with_copies = kernel_census(NS(events=lambda: events), 1, copies=True)
+    assert (
+        with_copies["kernels"] == 4 and with_copies["by_source"]["rl/agent/losses.py:35:atoms"] == 2
+    )
