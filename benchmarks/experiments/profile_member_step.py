@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["by_phase"] = census["by_phase"]
         result["by_source"] = census["by_source"]
         for title, counts in (("by line of the step", census["by_phase"]),
-                              ("by function", census["by_source"])):  # fmt: skip
+                              ("by trimtab line", census["by_source"])):  # fmt: skip
             print(title)
             for k, v in counts.items():
                 print(f"  {v:6.1f}  {k}")

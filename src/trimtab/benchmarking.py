@@ -132,13 +132,12 @@ def labelled_ops(phases: Sequence[str] = ()) -> Iterator[None]:
     its engine, with no Python caller) ``"(backward) <operator>"``. Read by
     :func:`kernel_census`. It works from the interpreter's frames, not the profiler's Python
     tracer (which records no frames on some torch and Python versions)."""
-    import sys
     import threading
 
     from torch.autograd.profiler import record_function
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    here, main = Path(__file__).resolve(), threading.main_thread()
+    main = threading.main_thread()
     wanted = frozenset(phases)
 
     def origin() -> tuple[str, str]:
@@ -146,7 +145,7 @@ def labelled_ops(phases: Sequence[str] = ()) -> Iterator[None]:
         f = sys._getframe(3)
         while f is not None and (source is None or (wanted and phase is None)):
             path = Path(f.f_code.co_filename)
-            if "trimtab" in path.parts and path != here:
+            if "trimtab" in path.parts and f.f_code.co_filename != __file__:
                 at = max(i for i, p in enumerate(path.parts) if p == "trimtab")
                 frame = f"{'/'.join(path.parts[at + 1 :])}:{f.f_lineno}:{f.f_code.co_name}"
                 if source is None:

@@ -184,8 +184,10 @@ class Sentinel:
         #: merged yet), written by :class:`trimtab.distributed.RankConsistent` when it merges
         #: the ranks' records.
         self.ranks: torch.Tensor | None = None
-        #: :meth:`peek`'s pinned copy of the flag, the event after it, whether one is on its way
-        self._peek: tuple[torch.Tensor, torch.cuda.Event, list[bool]] | None = None
+        #: :meth:`peek`'s pinned copy of the flag and the event recorded after it (made at its
+        #: first call on CUDA), and whether a copy is on its way
+        self._peek_copy: tuple[torch.Tensor, torch.cuda.Event] | None = None
+        self._peek_pending = False
         register(self, "reset", name="sentinel", what="clear first-fire records and step counters")
 
     # --- building ----------------------------------------------------------------------------
@@ -339,17 +341,17 @@ class Sentinel:
         flag = self.fired()
         if flag.device.type != "cuda":
             return bool(flag)
-        if self._peek is None:
+        if self._peek_copy is None:
             pinned = torch.zeros((), dtype=torch.bool, pin_memory=True)
-            self._peek = (pinned, torch.cuda.Event(), [False])
-        pinned, made, pending = self._peek
+            self._peek_copy = (pinned, torch.cuda.Event())
+        pinned, made = self._peek_copy
         seen = False
-        if pending[0] and made.query():
-            seen, pending[0] = bool(pinned), False
-        if not pending[0]:
+        if self._peek_pending and made.query():
+            seen, self._peek_pending = bool(pinned), False
+        if not self._peek_pending:
             pinned.copy_(flag, non_blocking=True)
             made.record()
-            pending[0] = True
+            self._peek_pending = True
         return seen
 
     def report(self) -> list[Firing]:
@@ -400,8 +402,7 @@ class Sentinel:
         self._state.reset()
         if self.ranks is not None:
             self.ranks.fill_(-1)
-        if self._peek is not None:
-            self._peek[2][0] = False  # a copy of the flag before the reset is not a fire
+        self._peek_pending = False  # a copy of the flag before the reset is not a fire
 
     #: The device tensors that hold what the sentinel has seen (the rest is its wiring).
     _RECORDS = ("rec", "value", "counters", "guard_steps")

@@ -71,11 +71,12 @@ def interleave(
     # CUDA members on one device: that device is current for the whole loop, entered once (a
     # device context a turn cost more host time than a member's launches of small graphs)
     cudas = {_cuda_index(m.device) for m in members if m.device.type == "cuda"}
-    shared = torch.cuda.device(min(cudas)) if len(cudas) == 1 else contextlib.nullcontext()
+    one_device = len(cudas) == 1
+    shared = torch.cuda.device(min(cudas)) if one_device else contextlib.nullcontext()
     try:
         with shared:
             # the stream current outside the members' turns, restored after each
-            outside = torch.cuda.current_stream() if len(cudas) == 1 else None
+            outside = torch.cuda.current_stream() if one_device else None
             while not all(m.done for m in members):
                 for i, m in enumerate(members):
                     if m.done:
