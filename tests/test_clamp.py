@@ -148,6 +148,26 @@ def test_guard_checks_before_sanitising(impl, kernel_device):
     assert s._state.tensors["counters"][-1].item() == 5  # 4 guard_ calls + 1 check
 
 
+def test_guard_host_test_fires_at_the_kernel_rule():
+    """On the CPU guard_ decides on the host whether the slot fires (and then skips the record
+    ops): the same float64 rule, squared threshold and factor included, at the boundary."""
+    s = Sentinel("cpu", impl="torch")
+    s.add("sq", None, Rule.above(torch.tensor([3.0]), factor=2.0, power=2), phase="backward")
+    edge = 36.0  # (3 * 2)²: not above it
+    guard_(torch.tensor([edge, -edge]), 100.0, s, "sq")
+    assert s.report() == []
+    x = torch.tensor([0.0, -math.nextafter(edge, math.inf)], dtype=torch.float64)
+    guard_(x, 100.0, s, "sq")  # the 2nd guard_ call: step 1
+    (f,) = s.report()
+    assert (f.name, f.step, f.kind, f.value) == ("sq", 1, "threshold", math.nextafter(edge, 99))
+    assert s._state.tensors["counters"][-1].item() == 2
+    # the factor as the device holds it, float32 (0.7 rounds down): 30 x 0.7 is 20.99999964,
+    # so 20.9999999 fires, as on the device
+    s.add("f", None, Rule.above(torch.tensor([30.0]), factor=0.7), phase="backward")
+    guard_(torch.tensor([20.9999999], dtype=torch.float64), 100.0, s, "f")
+    assert [f.name for f in s.report()] == ["sq", "f"]
+
+
 BAD = [
     (lambda x, s: clamp_finite_([1.0], 1.0), TypeError, r"x must be a tensor"),
     (lambda x, s: clamp_finite_(x.int(), 1.0), TypeError, r"dtype torch.int32"),
