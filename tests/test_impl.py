@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -42,3 +44,32 @@ def test_none_on_cuda_follows_fits():
 def test_bad_impl_raises():
     with pytest.raises(ValueError, match="impl must be None, 'torch' or 'triton'"):
         resolve_impl("cuda", [])
+
+
+class _OnCuda:
+    """Stands for a CUDA tensor where resolve_impl reads only the device (no GPU here)."""
+
+    device = torch.device("cuda")
+
+
+def test_none_on_cuda_warns_once_per_cause_when_the_kernel_cannot_run(monkeypatch):
+    import trimtab._impl as impl_mod
+    from trimtab._impl import KernelFallbackWarning
+
+    monkeypatch.setattr(impl_mod, "_warned", set())
+    monkeypatch.setattr(impl_mod, "triton_available", lambda: True)
+    x = [_OnCuda()]
+    assert resolve_impl(None, x, fits=lambda: True, why=_never) == "triton"  # why: not read
+    with pytest.warns(KernelFallbackWarning, match=r"op: a strided x: running the PyTorch"):
+        assert resolve_impl(None, x, fits=False, why=lambda: "op: a strided x") == "torch"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_impl(None, x, fits=False, why="op: a strided x") == "torch"  # once
+    with pytest.warns(KernelFallbackWarning, match="cannot run these arguments"):
+        assert resolve_impl(None, x, fits=False) == "torch"
+    monkeypatch.setattr(impl_mod, "triton_available", lambda: False)
+    with pytest.warns(KernelFallbackWarning, match="Triton is not installed"):
+        assert resolve_impl(None, x) == "torch"
+    with warnings.catch_warnings():  # CPU tensors: the reference, silently
+        warnings.simplefilter("error")
+        assert resolve_impl(None, [torch.ones(1)], fits=False, why="unused") == "torch"

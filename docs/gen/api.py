@@ -34,6 +34,7 @@ API: dict[str, tuple[str, str, list[tuple[str, list[str]]]]] = {
             ("trimtab.quantile:abs_quantiles", []),
             ("trimtab.engagement:EngagementCorrection", []),
             ("trimtab.lifecycle:Lifecycle", []),
+            ("trimtab._impl:KernelFallbackWarning", []),
             ("trimtab.distributed:RankConsistent", []),
             ("trimtab.optim:Adam", []),
         ],

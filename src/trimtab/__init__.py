@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, typed, for type checkers and IDEs
     from trimtab import optim
+    from trimtab._impl import KernelFallbackWarning
     from trimtab.bounds import AdaptiveBounds, BoundClamp
     from trimtab.clamp import clamp_finite_, guard_
     from trimtab.clip import AdaptiveGradClip
@@ -48,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "optim": "trimtab.optim",
     "clamp_finite_": "trimtab.clamp",
     "guard_": "trimtab.clamp",
+    "KernelFallbackWarning": "trimtab._impl",
 }
 
 #: a literal list, so that type checkers read it (a test holds it to ``_EXPORTS``)
@@ -59,6 +61,7 @@ __all__ = [
     "EngagementCorrection",
     "Guard",
     "GuardParts",
+    "KernelFallbackWarning",
     "LayoutMismatchError",
     "Lifecycle",
     "NonFiniteError",

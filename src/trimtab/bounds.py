@@ -157,7 +157,9 @@ class AdaptiveBounds:
         #: the state vector's methods), so a read is a view, not five ops.
         self._rows = torch.empty(4, n, dtype=self.values.dtype, device=dev)
         fits = self.values.dtype == torch.float32 == self._obs.dtype
-        self._derive_impl = resolve_impl(None, [self.values], fits=fits)  # the device is fixed
+        why = f"AdaptiveBounds: the kernel derives float32 bounds, not {self.values.dtype}"
+        # chosen once: the device and the dtypes are fixed
+        self._derive_impl = resolve_impl(None, [self.values], fits=fits, why=why)
         #: On the CPU, the clamp row as the clamp's torch reference reads it, with the rows'
         #: version it was derived at (:meth:`_prepared`)
         self._prepared_memo: tuple[int, Tensor] | None = None

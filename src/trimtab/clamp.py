@@ -96,7 +96,7 @@ def scale_finite_(
         impl,
         every,
         fits=all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors),
-        why="impl='triton' needs contiguous float32 tensors; pass impl=None",
+        why="scale_finite_: the kernel needs contiguous float32 tensors",
     )
     if chosen == "triton":
         from trimtab.kernels.clamp import launch_scale_finite
@@ -277,6 +277,6 @@ def _choose(impl: str | None, x: torch.Tensor, bound: Bound, counter: torch.Tens
         impl,
         [t for t in (x, bound, counter) if isinstance(t, torch.Tensor)],
         fits=x.is_contiguous(),
-        why="impl='triton' needs a contiguous x (the kernel writes it in place); pass a "
-        "contiguous tensor or impl='torch'",
+        why="clamp_finite_/guard_: the kernel writes x in place by flat index and needs it "
+        "contiguous (pass a contiguous tensor)",
     )

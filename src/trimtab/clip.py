@@ -274,8 +274,10 @@ class AdaptiveGradClip:
             impl,
             [norms],
             fits=fits,
-            why=f"impl='triton' runs a window of at most 4096 norms over at most 4096 tensors, "
-            f"got window={self.window}, {num_tensors} tensors; pass impl=None",
+            why=lambda: (
+                f"AdaptiveGradClip: the kernel runs a window of at most 4096 norms over at "
+                f"most 4096 tensors, got window={self.window}, {num_tensors} tensors"
+            ),
         )
 
     def _step_reference(

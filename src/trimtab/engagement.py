@@ -180,7 +180,8 @@ class EngagementCorrection:
             impl,
             tensors,
             fits=len(tensors) == len(inputs),
-            why="impl='triton' needs engaged, total and observed_max as tensors",
+            why="EngagementCorrection.observe: the kernel needs engaged, total and observed_max "
+            "as tensors",
         )
         if chosen == "triton":
             from trimtab.kernels.ema import engagement_observe_triton

@@ -332,8 +332,10 @@ class AdaptiveEMA:
             impl,
             [obs],
             fits=self.dtype == torch.float32 and obs.dtype == torch.float32,
-            why=f"impl='triton' folds float32 observations into a float32 AdaptiveEMA, got obs "
-            f"{obs.dtype} and state {self.dtype}; pass impl=None or impl='torch'",
+            why=lambda: (
+                f"AdaptiveEMA: the kernel folds float32 observations into a float32 "
+                f"estimator, got obs {obs.dtype} and state {self.dtype}"
+            ),
         )
 
     def _kernel_state(self) -> list[torch.Tensor]:

@@ -283,16 +283,18 @@ class Sentinel:
                 device = self._state.device
             tensors.append(t)  # read without autograd (the reference under no_grad, the kernel)
             ids.append(s.index)
+
         # The kernel reads contiguous tensors only (the reference reads any layout): asked only
-        # where the kernel would otherwise run, named only where it was asked for. The tensors
-        # are all on the sentinel's device (checked above): the first stands for them all.
-        why = ""
-        if self._impl == "triton":
+        # where the kernel would otherwise run, the strided slot named only where it does not.
+        # The tensors are all on the sentinel's device (checked above): the first stands for
+        # them all.
+        def why() -> str:
             strided = [self.names[i] for t, i in zip(tensors, ids) if not t.is_contiguous()]
-            why = (
-                f"slot {(strided or [''])[0]!r}: the kernel reads contiguous tensors only; pass "
-                "a contiguous tensor, or use Sentinel(impl='torch')"
+            return (
+                f"Sentinel.check: slot {(strided or [''])[0]!r}: the kernel reads contiguous "
+                "tensors only (pass a contiguous tensor, or use Sentinel(impl='torch'))"
             )
+
         impl = resolve_impl(
             self._impl,
             tensors[:1],

@@ -303,17 +303,19 @@ class Adam(Checkpoints, ReferenceFinalize, TritonPath, torch.optim.Optimizer):
             )
         if impl == "foreach":
             return impl
-        chosen = resolve_impl(impl, params)
-        if chosen == "triton":
-            bad = [p for p in params if p.dtype != torch.float32 or not p.is_contiguous()]
-            if bad:
-                if impl == "triton":
-                    raise ValueError(
-                        "impl='triton' needs float32 contiguous parameters, got "
-                        f"{sorted({str(p.dtype) for p in bad})}; pass impl=None to use the "
-                        "PyTorch reference for them"
-                    )
-                chosen = "torch"
+
+        def bad() -> list[torch.Tensor]:
+            return [p for p in params if p.dtype != torch.float32 or not p.is_contiguous()]
+
+        chosen = resolve_impl(
+            impl,
+            params,
+            fits=lambda: not bad(),
+            why=lambda: (
+                "Adam: the kernel needs float32 contiguous parameters, got "
+                f"{sorted({(str(p.dtype), p.is_contiguous()) for p in bad()})} (dtype, contiguous)"
+            ),
+        )
         return "foreach" if impl is None and chosen == "torch" else chosen
 
     def _make_state_vector(
