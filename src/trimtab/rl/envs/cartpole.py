@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trimtab._impl import resolve_impl
 from trimtab.rl.envs.trading import StepResult
 
 __all__ = ["BatchedCartPole", "cartpole_dynamics"]
@@ -31,6 +32,14 @@ THETA_THRESHOLD = 12 * 2 * math.pi / 360
 X_THRESHOLD = 2.4
 MAX_EPISODE_STEPS = 500  # CartPole-v1's TimeLimit
 RESET_LOW, RESET_HIGH = -0.05, 0.05
+#: What the step's Triton kernel reads (:data:`trimtab.rl.envs.cartpole_kernel.CONSTANTS`).
+_KERNEL_CONSTANTS = {
+    "force_mag": FORCE_MAG, "neg_force_mag": -FORCE_MAG, "gravity": GRAVITY,
+    "masspole": MASSPOLE, "total_mass": TOTAL_MASS, "length": LENGTH,
+    "polemass_length": POLEMASS_LENGTH, "four_thirds": 4.0 / 3.0, "tau": TAU,
+    "x_threshold": X_THRESHOLD, "theta_threshold": THETA_THRESHOLD,
+    "reset_low": RESET_LOW, "reset_span": RESET_HIGH - RESET_LOW,
+}  # fmt: skip
 
 
 def cartpole_dynamics(state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
@@ -74,6 +83,12 @@ class BatchedCartPole:
     so it can be set together with ``terminated``). Where an episode ended, ``final_obs`` is the
     state it reached and ``obs`` the next episode's first observation, drawn from
     ``U(-0.05, 0.05)^4`` by a seeded ``torch.Generator`` on the env's device.
+
+    On CUDA (``impl=None`` with Triton installed) a step is one ``torch.rand`` (the reset draw)
+    and one Triton launch (:mod:`trimtab.rl.envs.cartpole_kernel`) in place of the eager step's
+    dozens of ops, with their arithmetic op for op, so as to give the same bits (the GPU tests
+    check it); the eager step is the reference and the CPU path. ``impl="torch"`` or
+    ``"triton"`` forces one, by :func:`trimtab._impl.resolve_impl`'s rules.
     """
 
     obs_dim = 4
@@ -86,6 +101,7 @@ class BatchedCartPole:
         seed: int = 0,
         dtype: torch.dtype = torch.float64,
         max_episode_steps: int = MAX_EPISODE_STEPS,
+        impl: str | None = None,
     ) -> None:
         if n_envs < 1 or max_episode_steps < 1:
             raise ValueError(
@@ -99,12 +115,21 @@ class BatchedCartPole:
         self.state = torch.zeros(n_envs, 4, dtype=dtype, device=self.device)
         self.elapsed = torch.zeros(n_envs, dtype=torch.long, device=self.device)
         self.episode_return = torch.zeros(n_envs, dtype=torch.float32, device=self.device)
+        self.impl = impl
+        self._launch: Any = None
+        if resolve_impl(impl, (self.state,)) == "triton":
+            from trimtab.rl.envs import cartpole_kernel
+
+            self._launch = cartpole_kernel.launch_step
+            self._constants = cartpole_kernel.pack_constants(_KERNEL_CONSTANTS, dtype, self.device)
         self.reset()
 
+    def _uniform(self) -> Tensor:
+        return torch.rand(self.n_envs, 4, generator=self.generator, dtype=self.dtype,
+                          device=self.device)  # fmt: skip
+
     def _initial_states(self) -> Tensor:
-        u = torch.rand(self.n_envs, 4, generator=self.generator, dtype=self.dtype,
-                       device=self.device)  # fmt: skip
-        return RESET_LOW + (RESET_HIGH - RESET_LOW) * u  # numpy's uniform(low, high)
+        return RESET_LOW + (RESET_HIGH - RESET_LOW) * self._uniform()  # numpy's uniform(low, high)
 
     def reset(self, seed: int | None = None) -> Tensor:
         """Start every env anew; ``seed`` reseeds the generator first. Returns ``obs [N, 4]``."""
@@ -117,6 +142,10 @@ class BatchedCartPole:
 
     def step(self, action: Tensor) -> StepResult:
         """Apply ``action [N]`` or ``[N, 1]`` (0 left, 1 right); see the class docstring."""
+        if self._launch is not None:  # the kernel computes the reset states from the same draw
+            return StepResult(*self._launch(self.state, action.reshape(self.n_envs), self.elapsed,
+                                            self.episode_return, self._uniform(), self._constants,
+                                            self.max_episode_steps))  # fmt: skip
         nxt, terminated = cartpole_dynamics(self.state, action.reshape(self.n_envs))
         self.elapsed += 1
         truncated = self.elapsed >= self.max_episode_steps
