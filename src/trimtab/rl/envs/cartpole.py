@@ -32,7 +32,7 @@ THETA_THRESHOLD = 12 * 2 * math.pi / 360
 X_THRESHOLD = 2.4
 MAX_EPISODE_STEPS = 500  # CartPole-v1's TimeLimit
 RESET_LOW, RESET_HIGH = -0.05, 0.05
-#: What the step's Triton kernel reads (:data:`trimtab.rl.envs.cartpole_kernel.CONSTANTS`).
+#: What the step's Triton kernel reads (:data:`trimtab.kernels.cartpole.CONSTANTS`).
 _KERNEL_CONSTANTS = {
     "force_mag": FORCE_MAG, "neg_force_mag": -FORCE_MAG, "gravity": GRAVITY,
     "masspole": MASSPOLE, "total_mass": TOTAL_MASS, "length": LENGTH,
@@ -85,9 +85,10 @@ class BatchedCartPole:
     ``U(-0.05, 0.05)^4`` by a seeded ``torch.Generator`` on the env's device.
 
     On CUDA (``impl=None`` with Triton installed) a step is one ``torch.rand`` (the reset draw)
-    and one Triton launch (:mod:`trimtab.rl.envs.cartpole_kernel`) in place of the eager step's
-    dozens of ops, with their arithmetic op for op, so as to give the same bits (the GPU tests
-    check it); the eager step is the reference and the CPU path. ``impl="torch"`` or
+    and one Triton launch (:mod:`trimtab.kernels.cartpole`) in place of the eager step's
+    dozens of ops, with their arithmetic op for op: in float64 the same bits (the GPU tests
+    check it), in float32 within 2 ulp a step (its sin, cos and quotients round as torch's
+    within an ulp); the eager step is the reference and the CPU path. ``impl="torch"`` or
     ``"triton"`` forces one, by :func:`trimtab._impl.resolve_impl`'s rules.
     """
 
@@ -118,7 +119,7 @@ class BatchedCartPole:
         self.impl = impl
         self._launch: Any = None
         if resolve_impl(impl, (self.state,)) == "triton":
-            from trimtab.rl.envs import cartpole_kernel
+            from trimtab.kernels import cartpole as cartpole_kernel
 
             self._launch = cartpole_kernel.launch_step
             self._constants = cartpole_kernel.pack_constants(_KERNEL_CONSTANTS, dtype, self.device)
