@@ -40,20 +40,13 @@ def _numpy_sin_cos(monkeypatch):
         monkeypatch.setattr(torch, name, lambda t, f=f: torch.from_numpy(f(t.numpy())))
 
 
-def _ulps(a, b, k):
-    """``|a - b| <= k`` units in the last place of the larger of the two, element by element."""
-    ulp = torch.finfo(a.dtype).eps * torch.maximum(a.abs(), b.abs())
-    tiny = torch.finfo(a.dtype).tiny
-    bad = (a - b).abs() > k * torch.clamp(ulp, min=tiny)
-    assert not bool(bad.any()), f"{int(bad.sum())} elements differ by more than {k} ulp"
-
-
 def _run(ref, ker, steps, rng, *, exact):
     """Step both envs under the same random actions; compare after every step. Returns how many
     episodes ended by falling and by the time limit alone. ``exact`` on CUDA in float32: each
-    step within 2 ulp of the reference's, from the reference's state (the kernel's float32 sin,
-    cos and quotients round as torch's within an ulp, not bit for bit; a chaotic pole would
-    carry an ulp into a visible difference over many steps)."""
+    step within float32 rounding (1e-6 of the state's unit scale) of the reference's, from the
+    reference's state (the kernel's float32 sin, cos and quotients round as torch's within an
+    ulp, not bit for bit, and an ulp of a term shows in a sum that cancels; a falling pole
+    would carry it into a visible difference over many steps)."""
     n, dtype = ref.n_envs, ref.dtype
     resync = exact and ref.device.type == "cuda" and dtype == torch.float32
     if exact:
@@ -74,11 +67,11 @@ def _run(ref, ker, steps, rng, *, exact):
             if name in EXACT:
                 assert torch.equal(a, b), name
             elif resync:
-                _ulps(a, b, 2)
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
             else:
                 torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name: f"{name}: {m}")
         if resync:
-            _ulps(ker.state, ref.state, 2)
+            torch.testing.assert_close(ker.state, ref.state, rtol=1e-6, atol=1e-6)
             ker.state.copy_(ref.state)
         else:
             torch.testing.assert_close(ker.state, ref.state, **tol)
@@ -286,7 +279,7 @@ def test_pack_constants_wants_every_slot_but_the_derived_one():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_kernel_step_is_the_eager_step_on_cuda(dtype):
-    """float64 bit for bit; float32 within 2 ulp a step (``_run``)."""
+    """float64 bit for bit; float32 within its rounding a step (``_run``)."""
     ref, ker = _pair(1031, dtype, torch.device("cuda"), max_episode_steps=40, seed=11)
     assert ker._launch is not None and BatchedCartPole(2, "cuda")._launch is not None  # impl=None
     ends = _run(ref, ker, 300, np.random.default_rng(1), exact=True)
