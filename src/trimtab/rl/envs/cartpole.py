@@ -87,9 +87,10 @@ class BatchedCartPole:
     On CUDA (``impl=None`` with Triton installed) a step is one ``torch.rand`` (the reset draw)
     and one Triton launch (:mod:`trimtab.kernels.cartpole`) in place of the eager step's
     dozens of ops, with their arithmetic op for op: in float64 the same bits (the GPU tests
-    check it), in float32 within its rounding a step (1e-6 of the state's scale: its sin, cos and
-    quotients round as torch's within an ulp); the eager step is the reference and the CPU path. ``impl="torch"`` or
-    ``"triton"`` forces one, by :func:`trimtab._impl.resolve_impl`'s rules.
+    check it), in float32 within its rounding a step (1e-6 of the state's scale: its sin, cos
+    and quotients round as torch's within an ulp); the eager step is the reference and the CPU
+    path. ``impl="torch"`` or ``"triton"`` forces one, by :func:`trimtab._impl.resolve_impl`'s
+    rules.
     """
 
     obs_dim = 4
