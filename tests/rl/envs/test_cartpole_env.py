@@ -197,14 +197,18 @@ def test_bad_arguments(kwargs, message):
 
 
 @pytest.mark.gpu
-def test_step_makes_no_host_sync_on_cuda():
-    env = BatchedCartPole(4096, device="cuda", dtype=torch.float32)
+# the eager step, and the kernel (trimtab.kernels.cartpole: impl=None on CUDA)
+@pytest.mark.parametrize("impl", ["torch", None])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_step_makes_no_host_sync_on_cuda(dtype, impl):
+    env = BatchedCartPole(4096, "cuda", dtype=dtype, max_episode_steps=50, impl=impl)
+    assert (env._launch is None) == (impl == "torch")
     action = torch.zeros(4096, dtype=torch.long, device="cuda")
-    env.step(action)  # warm-up
+    env.step(action)  # warm-up (compiles the kernel)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(600):  # past the time limit: every env resets at least once
+        for _ in range(60):  # past the time limit: every env resets at least once
             result = env.step(action)
             action = (result.obs[:, 2] > 0).long()
     finally:
