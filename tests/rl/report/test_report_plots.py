@@ -116,3 +116,24 @@ def test_a_gymnasium_summary_builds_its_own_report(tmp_path):
     assert "Greedy evaluation" in text and "<td>480.5</td>" in text
     assert "Pooled" not in text and "fills:" not in text and "plots/losses.png" in text
     assert not (run / "plots" / "equity.png").exists()
+
+
+def test_a_pool_of_workers_draws_the_same_report(tmp_path):
+    """report_pool's workers (spawned processes) draw the plots side by side: the same files,
+    byte for byte, and the same HTML as one process drawing them in turn."""
+    import shutil
+
+    from trimtab.rl.report.build import report_pool
+
+    serial, pooled = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    fabricate(serial)
+    shutil.copytree(serial, pooled)
+    pool = report_pool(2)
+    try:
+        assert build_report(pooled, pool=pool).read_text() == build_report(serial).read_text()
+    finally:
+        pool.shutdown()
+    names = sorted(p.name for p in (serial / "plots").iterdir())
+    assert len(names) >= 4 and names == sorted(p.name for p in (pooled / "plots").iterdir())
+    for name in names:
+        assert (serial / "plots" / name).read_bytes() == (pooled / "plots" / name).read_bytes()

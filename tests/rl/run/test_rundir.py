@@ -368,3 +368,23 @@ def test_gym_checkpoints_hold_the_envs_as_plain_data(tmp_path):
         act = torch.ones(2, 1, dtype=torch.int64)
         sa, sb = a.step(act), b.step(act)
         assert torch.equal(sa.obs, sb.obs) and torch.equal(sa.reward, sb.reward)
+
+
+def test_plot_workers_draw_the_report_of_a_run(tmp_path):
+    """``plot_workers`` (what ``trimtab train`` asks for on a GPU): worker processes started with
+    the run draw its plots, every one of them into the report."""
+    out = tmp_path / "run"
+    summary = train(cfg(out), plot_workers=2)
+    html = (out / "report.html").read_text()
+    for name in ("equity_pooled.png", "equity.png", "losses.png"):
+        assert f"plots/{name}" in html and (out / "plots" / name).is_file(), name
+    assert summary["timings"]["report_s"] >= 0
+
+
+def test_trimtab_train_draws_the_plots_in_workers_on_a_gpu_only(tmp_path):
+    from trimtab.rl.run.cli import PLOT_WORKERS, plot_workers
+
+    assert plot_workers(cfg(tmp_path / "a", device="cuda"), None) == PLOT_WORKERS > 1
+    assert plot_workers(cfg(tmp_path / "b", device="cuda:1"), None) == PLOT_WORKERS
+    assert plot_workers(cfg(tmp_path / "c"), None) == 0  # the CPU: its cores train
+    assert plot_workers(cfg(tmp_path / "d", device="cuda"), object()) == 0  # torchrun's ranks

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import html
 import json
+import multiprocessing
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trimtab.rl.report.plots import PREFIXES, market_figures, plot_prefix
+from trimtab.rl.report.plots import PREFIXES, market_figure, market_plots, plot_prefix
 from trimtab.rl.report.plots import read_csv as _read_csv
 from trimtab.rl.report.tables import (
     FOLD_HEAD,
@@ -35,8 +37,8 @@ from trimtab.rl.report.tables import (
 )
 from trimtab.rl.run.checkpoint import atomic_write_text
 
-__all__ = ["ReportError", "aggregate_folds", "best_baseline", "build_report", "fold_flags",
-           "format_fold_table", "run_identity"]  # fmt: skip
+__all__ = ["ReportError", "aggregate_folds", "best_baseline", "build_report", "draw_plot",
+           "fold_flags", "format_fold_table", "report_pool", "run_identity"]  # fmt: skip
 
 _CSS = (
     "body{font-family:sans-serif;max-width:1200px;margin:2em auto}"
@@ -54,8 +56,6 @@ _GYM_COLUMNS = [("fold", "{}", "fold"), ("episodes", "{}", "episodes"),
                 ("mean_return", "{:.1f}", "mean return"), ("std_return", "{:.1f}", "std"),
                 ("min_return", "{:.1f}", "min"), ("max_return", "{:.1f}", "max"),
                 ("steps", "{}", "steps"), ("nonfinite", "{}", "non-finite slots")]  # fmt: skip
-#: the dated plots of a market run, in the report's order
-_MARKET_PLOTS = ("equity_pooled.png", "drawdowns.png", "positions.png", "equity.png")
 
 
 class ReportError(ValueError):
@@ -202,13 +202,7 @@ def _pooled(summary: dict[str, Any], note: str | None) -> str:
     return out + (f"<p class=bad>{html.escape(note)}</p>" if note else "")
 
 
-def _market_body(run: Path, summary: dict[str, Any], plots: Path) -> str:
-    figs, note = market_figures(run, summary)
-    paths = []
-    for name in _MARKET_PLOTS:
-        if name in figs:
-            figs[name].savefig(plots / name, dpi=110)
-            paths.append(plots / name)
+def _market_body(run: Path, summary: dict[str, Any], paths: list[Path], note: str | None) -> str:
     costs = cost_line(summary)
     cls = " class=optimistic" if "OPTIMISTIC" in costs else ""
     said = verdict(summary)
@@ -229,8 +223,26 @@ def _market_body(run: Path, summary: dict[str, Any], plots: Path) -> str:
     )
 
 
-def build_report(run_dir: str | Path) -> Path:
-    """Write ``plots/*.png`` and ``report.html`` in ``run_dir``; return the HTML path."""
+def draw_plot(run_dir: str, job: str) -> Path | None:
+    """Draw one plot of a run's report into ``RUN_DIR/plots``: ``job`` a market plot's file name
+    (:func:`~trimtab.rl.report.plots.market_plots`) or a training diagnostics prefix
+    (:data:`~trimtab.rl.report.plots.PREFIXES`); returns the file written, or None where the
+    run logged nothing for it. Reads the run directory's files itself, so that a worker process
+    can draw it from the two strings."""
+    run = Path(run_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    plots = run / "plots"
+    if job in PREFIXES:
+        folds = summary.get("folds") if _market(summary) else None
+        return plot_prefix(_read_csv(run / "metrics.csv"), job, plots, folds)
+    market_figure(run, summary, job).savefig(plots / job, dpi=110)
+    return plots / job
+
+
+def build_report(run_dir: str | Path, pool: Executor | None = None) -> Path:
+    """Write ``plots/*.png`` and ``report.html`` in ``run_dir``; return the HTML path. ``pool``
+    (worker processes, e.g. :func:`report_pool`): its workers draw the plots side by side
+    (:func:`draw_plot`, a job each), this process writes the HTML."""
     run = Path(run_dir)
     summary_path = run / "summary.json"
     if not summary_path.is_file():
@@ -239,22 +251,24 @@ def build_report(run_dir: str | Path) -> Path:
             "(a run that was interrupted has none; resume it with `trimtab train --resume`)"
         )
     summary = json.loads(summary_path.read_text())
-    plots = run / "plots"
-    plots.mkdir(exist_ok=True)
-    training: list[Path | None] = []
+    (run / "plots").mkdir(exist_ok=True)
+    # every plot is one job, drawn here one after another or by pool's workers side by side
+    dated, note = market_plots(run, summary) if _market(summary) else ([], None)
     metrics_path = run / "metrics.csv"
-    if metrics_path.is_file() and metrics_path.stat().st_size > 0:
-        metrics = _read_csv(metrics_path)
-        folds = summary.get("folds") if _market(summary) else None
-        training = [plot_prefix(metrics, p, plots, folds) for p in PREFIXES]
+    logged = metrics_path.is_file() and metrics_path.stat().st_size > 0
+    jobs = [*dated, *(PREFIXES if logged else ())]
+    drawn = (pool.map if pool is not None else map)(draw_plot, [str(run)] * len(jobs), jobs)
+    done = dict(zip(jobs, drawn, strict=True))
+    training: list[Path | None] = [done[p] for p in PREFIXES if p in done]
     title = html.escape(run.name)
     env = (
         f"<p>Environment: <b>{html.escape(str(summary.get('env', 'market')))}</b>. "
         f"Stability mode: <b>{html.escape(str(summary.get('stability')))}</b>.</p>"
     )
     if _market(summary):
+        paths = [done[name] for name in dated if done[name] is not None]
         body = (
-            _market_body(run, summary, plots)
+            _market_body(run, summary, paths, note)
             + "<h2>Training diagnostics</h2>"
             + (_figures(training) or "<p>No training metrics logged (no metrics.csv).</p>")
             + _sentinel(run)
@@ -273,3 +287,20 @@ def build_report(run_dir: str | Path) -> Path:
     out = run / "report.html"
     atomic_write_text(out, doc)
     return out
+
+
+def report_pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` processes for reports and their plots (``spawn``: the parent may hold a CUDA
+    context), each importing the report's modules and matplotlib's renderer as it starts, which
+    the pool asks of every worker now: while the caller trains, not when the first job comes."""
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_import_report)
+    for _ in range(workers):  # the pool starts its workers as jobs come: one job each
+        pool.submit(int)
+    return pool
+
+
+def _import_report() -> None:
+    """A report worker's start: what drawing a plot imports, before any job."""
+    import matplotlib.backends.backend_agg
+    import matplotlib.figure  # noqa: F401

@@ -15,7 +15,8 @@ import numpy as np
 
 from trimtab.rl.report.tables import SIMPLE, label, ordered
 
-__all__ = ["PREFIXES", "market_figures", "plot_prefix", "read_csv"]
+__all__ = ["POOLED_PLOTS", "PREFIXES", "market_figure", "market_figures", "market_plots",
+           "plot_prefix", "read_csv"]  # fmt: skip
 
 PREFIXES = {
     "loss/": ("losses.png", "Training losses", "loss", True),
@@ -331,26 +332,47 @@ def _sharpe(v: float | None) -> str:
     return "undefined" if v is None else f"{v:+.2f}"
 
 
-def market_figures(run: Path, summary: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """The dated plots of a market run, by file name (pooled equity, drawdowns, positions,
-    per-fold equity), and a note on what could not be plotted (None if nothing)."""
-    figs: dict[str, Any] = {}
+#: the dated plots of a market run that read the pooled ``oos.csv``, in the report's order
+POOLED_PLOTS = ("equity_pooled.png", "drawdowns.png", "positions.png")
+
+
+def market_plots(run: Path, summary: dict[str, Any]) -> tuple[list[str], str | None]:
+    """The dated plots a market run directory has the files for, by file name, in the report's
+    order (:data:`POOLED_PLOTS`, then the per-fold ``equity.png``), and a note on what could
+    not be plotted (None if nothing)."""
+    names: list[str] = []
     note = None
     path = run / "oos.csv"
-    oos = read_csv(path) if path.is_file() else {}
-    x = dates_of(oos.get("date"))
-    if oos and x is not None and "agent_log_return" in oos:
-        figs["equity_pooled.png"] = _plot_pooled_equity(run, oos, x)
-        figs["drawdowns.png"] = _plot_drawdowns(oos, x)
-        figs["positions.png"] = _plot_positions(oos, x)
+    cols = read_csv(path) if path.is_file() else {}
+    if cols and dates_of(cols.get("date")) is not None and "agent_log_return" in cols:
+        names += POOLED_PLOTS
     else:
         note = (
             "This run directory has no dated oos.csv (written before trimtab pooled its folds): "
             "the pooled plots are left out."
         )
     if summary.get("folds"):
-        figs["equity.png"] = _plot_folds(run, summary)
-    return figs, note
+        names.append("equity.png")
+    return names, note
+
+
+def market_figure(run: Path, summary: dict[str, Any], name: str) -> Any:
+    """The market plot ``name`` (one of :func:`market_plots`' names) of a run, as a figure."""
+    if name == "equity.png":
+        return _plot_folds(run, summary)
+    oos = read_csv(run / "oos.csv")
+    x = dates_of(oos.get("date"))
+    draw = {"equity_pooled.png": lambda: _plot_pooled_equity(run, oos, x),
+            "drawdowns.png": lambda: _plot_drawdowns(oos, x),
+            "positions.png": lambda: _plot_positions(oos, x)}  # fmt: skip
+    return draw[name]()
+
+
+def market_figures(run: Path, summary: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The dated plots of a market run, by file name (pooled equity, drawdowns, positions,
+    per-fold equity), and a note on what could not be plotted (None if nothing)."""
+    names, note = market_plots(run, summary)
+    return {name: market_figure(run, summary, name) for name in names}, note
 
 
 def plot_prefix(

@@ -194,6 +194,18 @@ def _trainer_dependencies() -> None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
+#: worker processes drawing a single GPU run's report plots (``trimtab train --device cuda``)
+PLOT_WORKERS = 4
+
+
+def plot_workers(cfg: Any, ranks: Any) -> int:
+    """Worker processes for the report's plots of ``trimtab train``: on a GPU the host's cores
+    idle while the run trains, so workers started with it draw the plots side by side at its end
+    (a market run's seven, ~2 s in one process); none on the CPU, whose cores train, nor for
+    torchrun's ranks."""
+    return PLOT_WORKERS if ranks is None and cfg.run.device.startswith("cuda") else 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     _trainer_dependencies()
     if args.seeds is not None:  # several runs: a sweep of one cell (cli_sweep)
@@ -242,7 +254,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             "(`torchrun --nproc-per-node N -m trimtab train ...`); drop it for one process"
         )
     try:
-        summary = train(cfg, resume=resume, checkpoint=checkpoint, ranks=ranks)
+        summary = train(cfg, resume=resume, checkpoint=checkpoint, ranks=ranks,
+                        plot_workers=plot_workers(cfg, ranks))  # fmt: skip
     finally:
         if ranks is not None:
             ranks.close()

@@ -18,10 +18,9 @@ so a member's numbers are those of the same run alone (on the CPU, bitwise: test
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -141,11 +140,10 @@ class ReportPool:
     or ``--resume`` writes it)."""
 
     def __init__(self, runs: int, workers: int | None = None) -> None:
+        from trimtab.rl.report.build import report_pool
+
         n = workers or max(1, min(runs, (os.cpu_count() or 2) - 1, 16))
-        ctx = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_import_report)
-        for _ in range(n):  # the workers start now (the pool starts them as jobs come)
-            self._pool.submit(int)
+        self._pool = report_pool(n)
         self._jobs: list[tuple[Path, Future[Any]]] = []
         self.failed: list[tuple[Path, str]] = []
 
@@ -165,8 +163,3 @@ class ReportPool:
                     self.failed.append((run_dir, f"{type(error).__name__}: {error}"))
         finally:
             self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
-
-
-def _import_report() -> None:
-    """A worker's start: the report's modules (torch, matplotlib) imported before any job."""
-    import trimtab.rl.report.build  # noqa: F401

@@ -9,6 +9,7 @@ once; every learning step goes through :mod:`trimtab.rl.agent.learner`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import sys
@@ -26,7 +27,7 @@ from trimtab.rl.agent.learner import Learner, build_learner
 from trimtab.rl.config import TrainConfig
 from trimtab.rl.envs.protocol import EnvAdapter, FoldPlan
 from trimtab.rl.envs.registry import make_adapter
-from trimtab.rl.report.build import build_report, run_identity
+from trimtab.rl.report.build import build_report, report_pool, run_identity
 from trimtab.rl.run import checkpoint as ckpt
 from trimtab.rl.run.collect import Collector
 from trimtab.rl.run.ddp import NullLog, Ranks, fold_state_for
@@ -110,6 +111,7 @@ def train(
     stop_after: int | None = None,
     setup: Callable[[Learner], None] | None = None,
     ranks: Ranks | None = None,
+    plot_workers: int = 0,
 ) -> dict[str, Any]:
     """Run (or resume) a training run on ``cfg.env.name``; returns the summary written to disk.
     (:func:`train_steps` run to its end: the same run, one batched env step at a time.)
@@ -125,7 +127,7 @@ def train(
     :class:`~trimtab.rl.agent.learner.Learner`) are test hooks.
     """
     steps = train_steps(cfg, resume=resume, checkpoint=checkpoint, stop_after=stop_after,
-                        setup=setup, ranks=ranks)  # fmt: skip
+                        setup=setup, ranks=ranks, plot_workers=plot_workers)  # fmt: skip
     return drive(steps)
 
 
@@ -153,6 +155,7 @@ def train_steps(
     setup: Callable[[Learner], None] | None = None,
     ranks: Ranks | None = None,
     report: Callable[[Path], Any] | None = None,
+    plot_workers: int = 0,
 ) -> Generator[None, None, dict[str, Any]]:
     """:func:`train` as a generator that yields after every batched env step of the training
     loop (and its gradient steps) and returns the summary: a driver can interleave several
@@ -160,7 +163,10 @@ def train_steps(
     an interrupted run does (the adapter closed, the run directory's lock released).
     ``report(run_dir)`` writes the report once the summary is written (default
     :func:`~trimtab.rl.report.build.build_report`; a population hands it to a worker process:
-    :class:`trimtab.rl.run.population.ReportPool`)."""
+    :class:`trimtab.rl.run.population.ReportPool`). ``plot_workers``: with the default report,
+    that many worker processes (:func:`~trimtab.rl.report.build.report_pool`), started with
+    the run, draw its plots side by side at its end (``trimtab train`` on a GPU, where the
+    host's other cores are idle while it trains); 0 draws them here."""
     if not cfg.run.out:
         cfg = replace(cfg, run=replace(cfg.run, out=default_out(cfg)))
     if ranks is not None:  # rank 0's default name (it holds the time) for every rank
@@ -184,7 +190,11 @@ def train_steps(
             prepare_run_dir(cfg, resume) if ranks is None else ranks.prepare(cfg, resume)
         )
         undo.pop_all()  # the run has started: its own ``finally`` closes the adapter and lock
+    plotting = None
     try:
+        if report is None and plot_workers > 0 and (ranks is None or ranks.is_main):
+            plotting = report_pool(plot_workers)  # the workers import while the run sets up
+            report = functools.partial(build_report, pool=plotting)
         precompiled = finish_precompile(compiling, cfg.run.progress)
         return (yield from _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after,
                                 setup, ranks, entered, precompiled, report))  # fmt: skip
@@ -199,6 +209,8 @@ def train_steps(
             f"interrupted before training started; continue with `trimtab train --resume {run_dir}`"
         ) from None
     finally:
+        if plotting is not None:
+            plotting.shutdown(wait=False, cancel_futures=True)
         adapter.close()
         lock.release()
 
@@ -216,6 +228,7 @@ def _run(
     entered: float,
     precompiled: dict[str, Any] | None = None,
     report: Callable[[Path], Any] | None = None,
+    plot_workers: int = 0,
 ) -> Generator[None, None, dict[str, Any]]:
     main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
