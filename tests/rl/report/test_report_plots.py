@@ -137,3 +137,17 @@ def test_a_pool_of_workers_draws_the_same_report(tmp_path):
     assert len(names) >= 4 and names == sorted(p.name for p in (pooled / "plots").iterdir())
     for name in names:
         assert (serial / "plots" / name).read_bytes() == (pooled / "plots" / name).read_bytes()
+
+
+def test_a_broken_pool_leaves_the_plots_to_this_process(tmp_path):
+    from concurrent.futures import Executor
+    from concurrent.futures.process import BrokenProcessPool
+
+    class Broken(Executor):
+        def map(self, *args, **kwargs):
+            raise BrokenProcessPool("a worker was killed")
+
+    fabricate(tmp_path / "run")
+    with pytest.warns(RuntimeWarning, match="plot workers failed .*a worker was killed"):
+        text = build_report(tmp_path / "run", pool=Broken()).read_text()
+    assert "plots/equity_pooled.png" in text and (tmp_path / "run/plots/losses.png").is_file()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import html
 import json
 import multiprocessing
-from concurrent.futures import Executor, ProcessPoolExecutor
+import warnings
+from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -257,8 +258,15 @@ def build_report(run_dir: str | Path, pool: Executor | None = None) -> Path:
     metrics_path = run / "metrics.csv"
     logged = metrics_path.is_file() and metrics_path.stat().st_size > 0
     jobs = [*dated, *(PREFIXES if logged else ())]
-    drawn = (pool.map if pool is not None else map)(draw_plot, [str(run)] * len(jobs), jobs)
-    done = dict(zip(jobs, drawn, strict=True))
+    runs = [str(run)] * len(jobs)
+    drawn: list[Path | None] | None = None
+    if pool is not None:
+        try:
+            drawn = list(pool.map(draw_plot, runs, jobs))
+        except BrokenExecutor as e:  # a worker died (killed, out of memory): draw them here
+            warnings.warn(f"the report's plot workers failed ({e}); drawing the plots in this "
+                          "process", RuntimeWarning, stacklevel=2)  # fmt: skip
+    done = dict(zip(jobs, drawn if drawn is not None else map(draw_plot, runs, jobs), strict=True))
     training: list[Path | None] = [done[p] for p in PREFIXES if p in done]
     title = html.escape(run.name)
     env = (
