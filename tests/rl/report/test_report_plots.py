@@ -150,4 +150,4 @@ def test_a_broken_pool_leaves_the_plots_to_this_process(tmp_path):
     fabricate(tmp_path / "run")
     with pytest.warns(RuntimeWarning, match="plot workers failed .*a worker was killed"):
         text = build_report(tmp_path / "run", pool=Broken()).read_text()
-    assert "plots/equity_pooled.png" in text and (tmp_path / "run/plots/losses.png").is_file()
+    assert "plots/equity_pooled.png" in text and (tmp_path / "run/plots/equity.png").is_file()
