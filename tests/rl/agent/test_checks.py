@@ -165,3 +165,21 @@ def test_the_watched_thresholds_are_measured_on_the_bounds_cadence(tmp_path):
     assert checks.cadence.step == 10
     checks.load_state_dict({k: v for k, v in state.items() if k != "cadence"})  # older file
     assert checks.cadence.step == 0
+
+
+def test_the_learn_step_hands_the_sentinel_contiguous_buffers(tmp_path):
+    """Every buffer a learn step holds for the sentinel is contiguous, so that on a GPU the check
+    runs its kernel, not its torch reference (what a strided slot does, with a
+    KernelFallbackWarning): several branches' dueling logits and a branch-shared atom span are
+    strided views until made contiguous."""
+    with Lifecycle():
+        learner = build_learner(generic(tiny(tmp_path)), 5, [3, 3], torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    batch = {"obs": torch.randn(16, 5, generator=g), "reward": torch.randn(16, generator=g),
+             "action": torch.randint(0, 3, (16, 2), generator=g),
+             "next_obs": torch.randn(16, 5, generator=g),
+             "discount": torch.full((16,), 0.9)}  # fmt: skip
+    learner.learn(batch)
+    seen = {k: v for k, v in learner.stability.checks._seen.items() if isinstance(v, torch.Tensor)}
+    assert {"logits", "atom_span", "obs", "grad_trunk"} <= set(seen)
+    assert [k for k, v in seen.items() if not v.is_contiguous()] == []

@@ -260,10 +260,12 @@ class Checks:
 
     def see_forward(self, obs: Tensor, atom_span: Tensor, logits: Tensor) -> None:
         """Hold the forward phase's buffers besides the loss, for :meth:`loss` to check. The
-        atom span is made contiguous (a branch-shared support is one value expanded over the
-        branches): the sentinel's kernel reads contiguous tensors only, and one strided slot
-        would send the phase's whole check to its torch reference (dozens of kernels)."""
-        self._seen.update(obs=obs, atom_span=atom_span.contiguous(), logits=logits.detach())
+        atom span and the logits are made contiguous (a branch-shared support is one value
+        expanded over the branches; several branches' dueling logits are a strided view): the
+        sentinel's kernel reads contiguous tensors only, and one strided slot would send the
+        phase's whole check to its torch reference (dozens of kernels; one copy instead)."""
+        self._seen.update(obs=obs.contiguous(), atom_span=atom_span.contiguous(),
+                          logits=logits.detach().contiguous())  # fmt: skip
 
     def loss(self, loss: Tensor) -> None:
         """Phase ``forward`` (the Guard's loss check, :meth:`trimtab.Guard.check_loss`): the
