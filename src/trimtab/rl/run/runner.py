@@ -192,10 +192,11 @@ def train_steps(
         undo.pop_all()  # the run has started: its own ``finally`` closes the adapter and lock
     plotting = None
     try:
-        if report is None and plot_workers > 0 and (ranks is None or ranks.is_main):
-            plotting = report_pool(plot_workers)  # the workers import while the run sets up
-            report = functools.partial(build_report, pool=plotting)
         precompiled = finish_precompile(compiling, cfg.run.progress)
+        if report is None and plot_workers > 0 and (ranks is None or ranks.is_main):
+            # after the compile workers (a machine's first run): these import while it trains
+            plotting = report_pool(plot_workers)
+            report = functools.partial(build_report, pool=plotting)
         return (yield from _run(cfg, adapter, run_dir, device, resume, checkpoint, stop_after,
                                 setup, ranks, entered, precompiled, report))  # fmt: skip
     except (MemoryError, RuntimeError) as e:  # out of memory: one line naming the keys to lower
