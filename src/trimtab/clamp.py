@@ -166,25 +166,21 @@ def guard_(
         launch_clamp(x, bound, counter, guard=(state, slot))
     else:
         step = state["guard_steps"][slot : slot + 1]
+        # On the CPU a read syncs with nothing: where the slot does not fire (every guard_ of a
+        # healthy run) no record changes, so the record ops are skipped (as Sentinel.check's
+        # reference skips them), by the same float64 test on the host (the float32 factor as
+        # the device test reads it).
         host = abs_max_host([x])
-        if host is not None:
-            # On the CPU a read syncs with nothing: where the slot does not fire (every guard_
-            # of a healthy run) no record changes, so the record ops are skipped (as
-            # Sentinel.check's reference skips them), with the same float64 test on the host.
-            thr_host = [float(sstate.thresholds([slot])[0])]
-            factor = [float(state["factors"][slot])]  # float32, as the device test reads it
-            squared = [sentinel._slots[name].rule.power == 2]
-            if not fires_on_host(host, thr_host, factor, squared):
-                step.add_(1)
-                state["counters"][-1:].add_(1)
-                _clamp_reference_(x, bound, counter, prepared)
-                return x
-        index = state["slot_index"][slot : slot + 1]
-        thr = sstate.thresholds([slot])[0].reshape(1)
-        factor = state["factors"][slot : slot + 1]
-        squared = state["powers"][slot : slot + 1] == 2
-        record_reference(state, index, abs_max_reference(x).reshape(1), step, thr, factor,
-                         squared)  # fmt: skip
+        if host is None or fires_on_host(
+            host, [float(sstate.thresholds([slot])[0])], [float(state["factors"][slot])],
+            [sentinel._slots[name].rule.power == 2],
+        ):  # fmt: skip
+            index = state["slot_index"][slot : slot + 1]
+            thr = sstate.thresholds([slot])[0].reshape(1)
+            factor = state["factors"][slot : slot + 1]
+            squared = state["powers"][slot : slot + 1] == 2
+            record_reference(state, index, abs_max_reference(x).reshape(1), step, thr, factor,
+                             squared)  # fmt: skip
         step.add_(1)
         state["counters"][-1:].add_(1)
         _clamp_reference_(x, bound, counter, prepared)
