@@ -235,11 +235,11 @@ def test_an_old_summary_formats_without_pooled_results():
 def test_each_folds_printed_line_names_buy_and_hold_the_best_baseline_and_its_flags(
     tmp_path, capsys
 ):
-    from trimtab.rl.run.runner import _print_fold
+    from trimtab.rl.run.console import print_fold
 
     row = fabricate(tmp_path / "run", execution="same_close")["folds"][1]
     row["ruin"] = "2019-09-03"
-    _print_fold(row, True)
+    print_fold(row, True)
     line = capsys.readouterr().out
     best = max(("momentum", "reversal", "ma_crossover", "random"),
                key=lambda n: row["baselines"][n]["sharpe"])  # fmt: skip
@@ -248,7 +248,7 @@ def test_each_folds_printed_line_names_buy_and_hold_the_best_baseline_and_its_fl
     assert f"best baseline {name} {row['baselines'][best]['sharpe']:+.2f}" in line
     assert "[! data: AAA: 2 extreme moves (2019-03-04, 2019-03-05) -- check the data]" in line
     assert "ruin on 2019-09-03" in line and "[OPTIMISTIC: filled at the close" in line
-    _print_fold(row, False)
+    print_fold(row, False)
     assert capsys.readouterr().out == ""
 
 
