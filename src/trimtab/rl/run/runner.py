@@ -230,7 +230,6 @@ def _run(
     entered: float,
     precompiled: dict[str, Any] | None = None,
     report: Callable[[Path], Any] | None = None,
-    plot_workers: int = 0,
 ) -> Generator[None, None, dict[str, Any]]:
     main = ranks is None or ranks.is_main  # who writes the run directory
     identity = run_identity()  # the source this process runs (the tree may change meanwhile)
