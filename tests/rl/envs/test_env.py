@@ -10,6 +10,7 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
+from trimtab.rl.backtest.execution import Costs
 from trimtab.rl.envs.trading import BatchedTradingEnv, TradingGymEnv, evaluate, portfolio_log_return
 
 T, A, F = 60, 3, 2
@@ -169,11 +170,17 @@ def test_gymnasium_check_env_and_seeded_reset() -> None:
 
 
 @pytest.mark.gpu
-def test_step_makes_no_host_sync_on_cuda() -> None:
+# the eager step, and the kernel (trimtab.kernels.market: impl=None on CUDA)
+@pytest.mark.parametrize("impl", ["torch", None])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_step_makes_no_host_sync_on_cuda(dtype: torch.dtype, impl: str | None) -> None:
     feats, rets = fold()
-    env = BatchedTradingEnv(feats, rets, n_envs=64, window_len=5, device="cuda")
+    costs = Costs(commission_bps=1.0, borrow_pct=0.5, cash_pct=2.0)
+    env = BatchedTradingEnv(feats, rets, n_envs=64, window_len=5, costs=costs, device="cuda",
+                            dtype=dtype, reward_parts=True, impl=impl)  # fmt: skip
+    assert (env._launch is None) == (impl == "torch")
     action = torch.randint(0, 3, (64, A), device="cuda")
-    env.step(action)
+    env.step(action)  # warm-up (compiles the kernel)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

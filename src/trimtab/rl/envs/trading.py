@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trimtab._impl import resolve_impl
 from trimtab.rl.backtest.execution import (
     BPS,
     RUIN_EQUITY,
@@ -90,6 +91,15 @@ class BatchedTradingEnv:
     *truncated* (a time limit, so bootstrap through it), and an ended episode resets in the
     same call. Step makes no host synchronisation and has no Python loop over
     envs, so it runs on a GPU and can be captured in a CUDA graph.
+
+    On CUDA (``impl=None`` with Triton installed) a step is one ``torch.randint`` (the
+    autoreset's starts, drawn as the eager step draws them) and one Triton launch
+    (:mod:`trimtab.kernels.market`) in place of the eager step's dozens of ops, computing
+    theirs op for op (``log1p`` is the CUDA math library's, as torch's; sums over assets run in
+    order, where a GPU reduction may not): rewards within float rounding of the eager step's,
+    positions, days, flags and observations the same. The eager step is the reference and the
+    CPU path; ``impl="torch"`` or ``"triton"`` forces one, by
+    :func:`trimtab._impl.resolve_impl`'s rules.
     """
 
     def __init__(
@@ -104,6 +114,7 @@ class BatchedTradingEnv:
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
         reward_parts: bool = False,
+        impl: str | None = None,
     ) -> None:
         feats = torch.as_tensor(features)
         fills, self.costs = as_fills(returns), as_costs(costs)
@@ -140,7 +151,32 @@ class BatchedTradingEnv:
         self.t = torch.zeros(n_envs, dtype=torch.long, device=self.device)
         self.position = torch.zeros(n_envs, n_assets, dtype=dtype, device=self.device)
         self.episode_return = torch.zeros(n_envs, dtype=dtype, device=self.device)
+        self.impl = impl
+        self._launch: Any = None
+        if resolve_impl(impl, (self.position,), fits=dtype in (torch.float32, torch.float64),
+                        why=f"the market step's kernel computes in float32 or float64, not "
+                            f"{dtype}") == "triton":  # fmt: skip
+            self._launch, self._tables = self._kernel()
         self.reset()
+
+    def _kernel(self) -> tuple[Callable[..., tuple[Tensor, ...]], Any]:
+        """The step's kernel launcher and the tables it reads (:mod:`trimtab.kernels.market`),
+        with every Python number the reference's ops meet."""
+        from trimtab.kernels import market as market_kernel
+
+        c = self.costs
+        constants = market_kernel.pack_constants(
+            {"floor": RUIN_EQUITY - 1.0, "cash_per_bar": c.cash_per_bar,
+             "borrow_per_bar": c.borrow_per_bar, "per_turnover": c.per_turnover,
+             "n_assets": float(self.n_assets), "one_over_n_assets": 1.0 / self.n_assets},
+            self.dtype, self.device,
+        )  # fmt: skip
+        tables = market_kernel.Tables(
+            self.features.flatten(1).contiguous(), self.pre.contiguous(), self.post.contiguous(),
+            self.levels, constants, self.window_len, self.fills.overnight_old,
+            bool(c.cash_per_bar or c.borrow_per_bar),  # as step_log_return's test
+        )  # fmt: skip
+        return market_kernel.launch_step, tables
 
     def _random_starts(self) -> Tensor:
         return torch.randint(
@@ -191,6 +227,11 @@ class BatchedTradingEnv:
 
     def step(self, action: Tensor) -> StepResult:
         """Apply ``action[n_envs, A]`` (indices into ``levels``); see the class docstring."""
+        if self._launch is not None:  # the kernel resets from the same draw as below
+            return StepResult(*self._launch(
+                self._tables, action.reshape(self.n_envs, self.n_assets), self.position, self.t,
+                self.start, self.episode_return, self._random_starts(), self.reward_parts,
+            ))  # fmt: skip
         new_pos = self.levels[action]
         pre, post = self.pre[self.t + 1], self.post[self.t + 1]
         reward = step_log_return(
