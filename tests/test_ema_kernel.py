@@ -211,3 +211,154 @@ def test_fold_kernel_matches_correct_then_update_log(kernel_device, masked) -> N
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, equal_nan=True)
         _close(ema["a"].state_dict(), ema["b"].state_dict())
     assert eng["b"].stale[1]  # the raise was exercised
+
+
+# --- update_log_and_raise: the update and the raise of a state vector's slots, one launch ---
+RAISE = {"z": 12.1, "cold_factor": 1e3}  # the sentinel's margin (EXCURSION_Z) and cold factor
+
+
+def _raise_case(slots: int, steps: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """:func:`_sequence` (positive) with a slot unset for the first third, a drop of scale by
+    1e4 after the shift up (the raise holds the largest bound), and per step and slot what the
+    target element holds before it: its last value, NaN, 0 (the bound is written whole) or
+    1e30 (kept), so the bounds themselves are compared, not only a running max of the first."""
+    obs, masks = _sequence(slots, steps, seed=seed, positive=True)
+    obs[: steps // 3, -1] = math.nan
+    obs[2 * steps // 3 :] *= 1e-4
+    g = torch.Generator().manual_seed(seed)
+    held = torch.tensor([math.nan, math.nan, 0.0, 1e30])[torch.randint(0, 4, (steps, slots),
+                                                                        generator=g)]  # fmt: skip
+    held[torch.rand(steps, slots, generator=g) < 0.5] = -1.0  # -1: the last value
+    return obs, masks, held
+
+
+@pytest.mark.parametrize(
+    ("slots", "cold_obs", "masked"),
+    [
+        (5, 3, True),  # cold, then measured (count >= 3) within the run
+        pytest.param(1, 100, True, marks=pytest.mark.slow),  # cold throughout (the trainer's)
+        pytest.param(17, 3, True, marks=pytest.mark.slow),  # two blocks of slots
+        pytest.param(5, 3, False, marks=pytest.mark.slow),  # no mask: every slot written
+    ],
+)
+def test_update_and_raise_kernel_matches_reference(kernel_device, slots, cold_obs, masked):
+    """``update_log_and_raise``: the kernel's target and state against the reference's, step by
+    step from the reference's state (as above). The bound is ``exp(estimate + z sd)``: its
+    relative error is the exponent's absolute error, the estimate's (bounded at 1e-4 relative
+    in ``exp`` by the update's test above) plus z (12) times sd's; measured under the
+    interpreter, 4e-6 at most. Elements the mask does not select, and those of no slot, keep
+    their bits."""
+    steps = 30
+    obs, masks, held = (x.to(kernel_device) for x in _raise_case(slots, steps, seed=slots))
+    n = 2 * slots + 3
+    index = torch.randperm(n, generator=torch.Generator().manual_seed(slots))[:slots]
+    index = index.to(kernel_device)
+    ref, ker = AdaptiveEMA(slots, device=kernel_device), AdaptiveEMA(slots, device=kernel_device)
+    target = torch.arange(n, dtype=torch.float32, device=kernel_device) - 7.5
+    seen = {"cold": False, "warm": False, "unset": False, "raised": False, "kept": False}
+    for t in range(steps):
+        before = target[index]
+        target[index] = torch.where(held[t] == -1.0, before, held[t])
+        mask = masks[t] if masked else None
+        ker.load_state_dict(ref.state_dict())
+        mine = target.clone()
+        ref.update_log_and_raise(obs[t], mask, target, index, cold_obs=cold_obs, impl="torch",
+                                 **RAISE)  # fmt: skip
+        ker.update_log_and_raise(obs[t], mask, mine, index, cold_obs=cold_obs, impl="triton",
+                                 **RAISE)  # fmt: skip
+        torch.testing.assert_close(mine, target, rtol=1e-4, atol=0, equal_nan=True,
+                                   msg=lambda m, t=t: f"step {t}: {m}")  # fmt: skip
+        _close(ref.state_dict(), ker.state_dict())
+        write = torch.zeros(n, dtype=torch.bool, device=kernel_device)
+        write[index] = True if mask is None else mask
+        start = target.clone()
+        start[index] = torch.where(held[t] == -1.0, before, held[t])
+        kept = mine.view(torch.int32)[~write], start.view(torch.int32)[~write]
+        assert torch.equal(*kept), f"step {t}: an element no selected slot holds was written"
+        bound = ref.upper_bound_log(RAISE["z"], cold_factor=1e3, cold_obs=cold_obs)
+        sel = write[index]
+        seen["cold"] |= bool((sel & (ref.count < cold_obs) & (ref.count > 0)).any())
+        seen["warm"] |= bool((sel & (ref.count >= cold_obs)).any())
+        seen["unset"] |= bool((sel & bound.isnan()).any())
+        seen["raised"] |= bool((sel & (target[index] == bound)).any())
+        seen["kept"] |= bool((sel & (bound < target[index])).any())
+    assert all(v for k, v in seen.items() if k != "warm" or cold_obs <= steps), seen
+
+
+def test_update_and_raise_kernel_refuses_a_float64_target_when_asked_for(kernel_device):
+    ema = AdaptiveEMA(2, device=kernel_device)
+    target = torch.zeros(4, dtype=torch.float64, device=kernel_device)
+    index = torch.tensor([3, 1], device=kernel_device)
+    with pytest.raises(ValueError, match="float32 target"):
+        ema.update_log_and_raise(torch.ones(2, device=kernel_device), None, target, index,
+                                 cold_obs=3, impl="triton", **RAISE)  # fmt: skip
+    ones = torch.ones(2, device=kernel_device)
+    ema.update_log_and_raise(ones, None, target, index, cold_obs=3, **RAISE)  # None: reference
+    assert target[0] == 0.0 and target[2] == 0.0 and target[3] > 1.0
+
+
+def test_update_and_raise_kernel_writes_a_strided_target(kernel_device):
+    """A column of a table (element stride 3), as the reference writes it; the other columns
+    untouched."""
+    table = torch.full((5, 3), -1.0, device=kernel_device)
+    table[:, 1] = math.nan
+    mine = table.clone()
+    index = torch.tensor([4, 0, 2], device=kernel_device)
+    ref, ker = AdaptiveEMA(3, device=kernel_device), AdaptiveEMA(3, device=kernel_device)
+    for step in range(4):
+        obs = torch.tensor([1.0, 2.0, 3.0], device=kernel_device) * (1.0 + 0.1 * step)
+        ref.update_log_and_raise(obs, None, table[:, 1], index, cold_obs=2, impl="torch", **RAISE)
+        ker.update_log_and_raise(obs, None, mine[:, 1], index, cold_obs=2, impl="triton", **RAISE)
+        torch.testing.assert_close(mine, table, rtol=1e-4, atol=0, equal_nan=True)
+    assert (mine[:, [0, 2]] == -1.0).all() and mine[[1, 3], 1].isnan().all()
+    assert (mine[[0, 2, 4], 1] > 1.0).all()
+
+
+@pytest.mark.gpu
+def test_update_and_raise_is_one_launch_without_sync_and_captures_in_a_cuda_graph() -> None:
+    """On CUDA: one kernel (the profiler's count), no host sync, and a CUDA graph of it replays
+    the reference's values (rtol as the interpreter's test: float32 in another order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trimtab.benchmarking import kernel_census
+
+    slots, n = 4, 9
+    ema, ref = AdaptiveEMA(slots, device="cuda"), AdaptiveEMA(slots, device="cuda")
+    target = torch.full((n,), math.nan, device="cuda")
+    expected = target.clone()
+    index = torch.tensor([7, 0, 3, 5], device="cuda")
+    mask = torch.tensor([True, True, False, True], device="cuda")
+    static = torch.ones(slots, device="cuda")
+    kw = {"cold_obs": 3, **RAISE}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up: the table built, both variants compiled
+        ema.update_log_and_raise(static, mask, target, index, **kw)
+        ema.update_log_and_raise(static, None, target, index, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        ema.update_log_and_raise(static, mask, target, index, **kw)
+        torch.cuda.synchronize()
+    assert kernel_census(prof)["kernels"] == 1, kernel_census(prof)["by_name"]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ema.update_log_and_raise(static, mask, target, index, **kw)
+        ema.update_log_and_raise(static, None, target, index, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ema.reset()
+    target.fill_(math.nan)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ema.update_log_and_raise(static, mask, target, index, **kw)
+    ema.reset()
+    target.fill_(math.nan)
+    g = torch.Generator().manual_seed(0)
+    for step in range(20):
+        scale = 10.0 ** (step // 5) if step < 15 else 1e-3  # up, then a drop the raise holds
+        static.copy_((scale * (1.0 + 0.1 * torch.rand(slots, generator=g))).cuda())
+        graph.replay()
+        ref.update_log_and_raise(static, mask, expected, index, impl="torch", **kw)
+        torch.testing.assert_close(target, expected, rtol=1e-4, atol=0, equal_nan=True)
+    assert torch.isnan(target[[1, 2, 4, 6, 8, 3]]).all()  # of no slot, or not selected

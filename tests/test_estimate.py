@@ -245,6 +245,12 @@ def _bad_calls() -> list[tuple[str, object, type[Exception], str]]:
     def load(state):
         return lambda: AdaptiveEMA(3).load_state_dict(state)
 
+    def raise_(target, index):
+        kw = {"z": 12.0, "cold_factor": 1e3, "cold_obs": 3}
+        return lambda: AdaptiveEMA(3).update_log_and_raise(torch.ones(3), None, target, index, **kw)
+
+    vec, at = torch.zeros(5), torch.tensor([4, 0, 2])
+
     good = AdaptiveEMA(3).state_dict()
     return [
         ("zero slots", lambda: AdaptiveEMA(0), ValueError, "num_slots must be an int >= 1"),
@@ -265,6 +271,12 @@ def _bad_calls() -> list[tuple[str, object, type[Exception], str]]:
          r"missing \['p_ll'\]"),
         ("wrong slots", load({k: v[:2] for k, v in good.items()}), ValueError,
          "has shape .* but this AdaptiveEMA has 3 slots"),
+        ("int target", raise_(torch.zeros(5, dtype=torch.int64), at), TypeError,
+         "target must be a floating-point tensor"),
+        ("2-d target", raise_(vec[None], at), ValueError, r"target must be a vector .*\(1, 5\)"),
+        ("float index", raise_(vec, at.float()), TypeError, "index must be an int64 tensor"),
+        ("int32 index", raise_(vec, at.int()), TypeError, "index must be an int64 tensor"),
+        ("short index", raise_(vec, at[:2]), ValueError, r"index must have shape \(3,\)"),
     ]  # fmt: skip
 
 
@@ -481,3 +493,53 @@ def test_compiled_fold_is_the_eager_fold_bitwise(dtype, log, num_slots):
         assert torch.equal(ra.view(torch.uint8), rb.view(torch.uint8))
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)), k
+
+
+def test_upper_bound_log_is_a_cold_factor_until_measured_then_z_spreads() -> None:
+    """``exp(estimate + margin)``: NaN while unset; the cold factor exactly until the spread is
+    measured (R needs two observations); at least the cold factor until ``cold_obs``
+    observations; then ``z`` spreads of one new log observation, below the cold factor for a
+    steady magnitude."""
+    ema = AdaptiveEMA(2)
+    kw = {"cold_factor": 1e3, "cold_obs": 4}
+    assert ema.upper_bound_log(12.0, **kw).isnan().all()
+    ema.update_log(torch.tensor([2.0, 0.0]))  # a zero is no observation: slot 1 stays unset
+    bound = ema.upper_bound_log(12.0, **kw)
+    torch.testing.assert_close(bound[0], torch.tensor(2e3), rtol=1e-6, atol=0)
+    assert bound[1].isnan()
+    for _ in range(2):
+        ema.update_log(torch.tensor([2.2, 5.0]))
+        assert (ema.upper_bound_log(12.0, **kw)[0] >= 2.0 * 1e3 * 0.99).all()  # still cold
+    for v in (2.1, 2.0, 2.1, 2.0, 2.1):
+        ema.update_log(torch.tensor([v, 5.0]))
+    bound = ema.upper_bound_log(12.0, **kw)
+    spread = (ema.noise_var + ema.std_error.square()).sqrt()
+    torch.testing.assert_close(bound, (ema.estimate + 12.0 * spread).exp())
+    assert (bound < 1e3 * ema.estimate.exp()).all() and bound[0] > ema.estimate[0].exp()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_update_log_and_raise_is_update_log_then_a_raise_of_the_selected_elements(masked):
+    """The reference (the CPU's path) is ``update_log``, then ``fmax`` of the selected
+    elements with :meth:`upper_bound_log`, bit for bit; no other element is written, and a NaN
+    bound (an unset slot) keeps the element."""
+    g = torch.Generator().manual_seed(2)
+    kw = {"z": 12.0, "cold_factor": 1e3, "cold_obs": 5}
+    a, b = AdaptiveEMA(3), AdaptiveEMA(3)
+    index = torch.tensor([5, 1, 3])
+    target = torch.tensor([-1.0, math.nan, -2.0, 7.0, -3.0, 1e30])
+    expected = target.clone()
+    for t in range(40):
+        obs = torch.exp(3.0 * (t // 20) + 0.2 * torch.randn(3, generator=g))
+        obs[2] = math.nan if t < 10 else obs[2]  # slot 2 unset for a while
+        mask = torch.rand(3, generator=g) < 0.7 if masked else None
+        a.update_log_and_raise(obs, mask, target, index, **kw)
+        b.update_log(obs, mask)
+        held = expected[index]
+        raised = torch.fmax(held, b.upper_bound_log(**kw))
+        expected[index] = raised if mask is None else torch.where(mask, raised, held)
+        assert torch.equal(target.view(torch.int32), expected.view(torch.int32)), t
+    assert torch.equal(target[[0, 2, 4]], torch.tensor([-1.0, -2.0, -3.0]))
+    assert target[5] == 1e30 and 7.0 < target[3] < 1e30
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), k

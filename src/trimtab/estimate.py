@@ -216,6 +216,19 @@ class AdaptiveEMA:
         ``sqrt(noise_var + std_error²)`` (the sentinel's thresholds do)."""
         return self._t["r"]
 
+    def upper_bound_log(self, z: float, *, cold_factor: float, cold_obs: int) -> torch.Tensor:
+        """Per slot of a log-scale estimator (fed by :meth:`update_log`), the upper bound of one
+        new observation: ``exp(estimate + margin)``, margin ``z · sqrt(noise_var +
+        std_error²)`` (the spread of one new log observation about the estimated level).
+        While ``count < cold_obs`` (a variance from a handful of differences can be any size)
+        the margin is at least ``log(cold_factor)``, and exactly that until it is measured at
+        all (NaN); NaN where the slot is unset. The sentinel's thresholds on the buffers it
+        watches (:func:`trimtab.rl.agent.checks.watch_threshold`). No host sync."""
+        sd = (self.noise_var + self.std_error.square()).sqrt()
+        cold = math.log(cold_factor)
+        margin = torch.where(self.count < cold_obs, torch.clamp(z * sd, min=cold), z * sd)
+        return (self.estimate + margin.nan_to_num(cold)).exp()
+
     @property
     def count(self) -> torch.Tensor:
         """Per slot, how many finite observations were folded since the last reset (int64)."""
@@ -305,6 +318,63 @@ class AdaptiveEMA:
         keep = y > -math.inf
         return self._update_reference(y, keep if mask is None else mask & keep, log=True).exp()
 
+    @torch.no_grad()
+    def update_log_and_raise(
+        self,
+        obs: torch.Tensor,
+        mask: torch.Tensor | None,
+        target: torch.Tensor,
+        index: torch.Tensor,
+        *,
+        z: float,
+        cold_factor: float,
+        cold_obs: int,
+        impl: str | None = None,
+    ) -> None:
+        """:meth:`update_log` ``(obs, mask)``, then raise ``target``'s element ``index[i]`` to
+        slot ``i``'s :meth:`upper_bound_log` ``(z, cold_factor=..., cold_obs=...)`` where
+        ``mask`` selects slot ``i`` (every slot where it is None): ``target[index] =
+        where(mask, fmax(target[index], bound), target[index])``, a NaN bound (an unset slot)
+        leaving the element as it was. A running largest bound, written into a state vector's
+        slots (the sentinel's watched thresholds, :class:`trimtab.rl.agent.checks.Checks`).
+
+        ``target``: a float vector on the estimator's device; ``index``: an int64 tensor of one
+        element per slot, distinct and in range (not checked on the device: that would sync).
+        ``impl`` as in :meth:`update`; the kernel (float32 estimator, ``obs`` and ``target``)
+        is one launch, the update and the raise together. The reference, this method on the
+        CPU, is the ops' sequence spelled out below, eagerly."""
+        self._check(obs, mask)
+        self._check_target(target, index)
+        if self._impl(impl, obs, target) == "triton":
+            from trimtab.kernels.ema import ema_update_raise_triton
+
+            ema_update_raise_triton(
+                self._kernel_state(), self._q_level, self._q_slope, obs, mask, target, index,
+                z=z, cold_margin=math.log(cold_factor), cold_obs=cold_obs,
+            )  # fmt: skip
+            return
+        self._update_log_reference(obs, mask)
+        held = target.index_select(0, index)
+        bound = self.upper_bound_log(z, cold_factor=cold_factor, cold_obs=cold_obs)
+        raised = torch.fmax(held, bound)
+        target.index_copy_(0, index, raised if mask is None else torch.where(mask, raised, held))
+
+    def _check_target(self, target: torch.Tensor, index: torch.Tensor) -> None:
+        if not isinstance(target, torch.Tensor) or not target.is_floating_point():
+            raise TypeError(f"target must be a floating-point tensor, got "
+                            f"{getattr(target, 'dtype', type(target).__name__)}")  # fmt: skip
+        if target.dim() != 1 or target.device != self.device:
+            raise ValueError(f"target must be a vector on {self.device}, got shape "
+                             f"{tuple(target.shape)} on {target.device}")  # fmt: skip
+        if not isinstance(index, torch.Tensor) or index.dtype != torch.int64:
+            raise TypeError(f"index must be an int64 tensor (as index_copy_ takes), got "
+                            f"{getattr(index, 'dtype', type(index).__name__)}")  # fmt: skip
+        if tuple(index.shape) != (self.num_slots,) or index.device != self.device:
+            raise ValueError(
+                f"index must have shape ({self.num_slots},) on {self.device}, one element of "
+                f"target per slot, got {tuple(index.shape)} on {index.device}"
+            )
+
     def _check(self, obs: torch.Tensor, mask: torch.Tensor | None) -> None:
         if not isinstance(obs, torch.Tensor):
             raise TypeError(f"obs must be a torch.Tensor, got {type(obs).__name__}")
@@ -326,17 +396,21 @@ class AdaptiveEMA:
         if mask is not None:
             check_mask(mask, self.num_slots, self.device)
 
-    def _impl(self, impl: str | None, obs: torch.Tensor) -> str:
-        """The implementation of a fold of ``obs``: the kernel folds float32 into float32."""
-        return resolve_impl(
-            impl,
-            [obs],
-            fits=self.dtype == torch.float32 and obs.dtype == torch.float32,
-            why=lambda: (
-                f"AdaptiveEMA: the kernel folds float32 observations into a float32 "
-                f"estimator, got obs {obs.dtype} and state {self.dtype}"
-            ),
-        )
+    def _impl(self, impl: str | None, obs: torch.Tensor, target: torch.Tensor | None = None) -> str:
+        """The implementation of a fold of ``obs`` (raising ``target``): the kernel folds
+        float32 into float32 (and raises a float32 target)."""
+        tensors = [obs] if target is None else [obs, target]
+
+        def why() -> str:
+            if target is None:
+                return (f"AdaptiveEMA: the kernel folds float32 observations into a float32 "
+                        f"estimator, got obs {obs.dtype} and state {self.dtype}")  # fmt: skip
+            return (f"AdaptiveEMA: the kernel folds float32 observations into a float32 "
+                    f"estimator and raises a float32 target, got obs {obs.dtype}, state "
+                    f"{self.dtype} and target {target.dtype}")  # fmt: skip
+
+        fits = all(t.dtype == torch.float32 for t in tensors) and self.dtype == torch.float32
+        return resolve_impl(impl, tensors, fits=fits, why=why)
 
     def _kernel_state(self) -> list[torch.Tensor]:
         """The state tensors in the kernels' order (``EMA_FIELDS + EMA_BANK``, see

@@ -160,7 +160,7 @@ def _clip_kernel(
     # (the anchoring; NaN while unset), raised where the test found it stale.
     y = tl.log(value)
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, BOUND, g, gm, K, KP)
-    est, _ = _ema_step(
+    est, _, _, _ = _ema_step(
         tab, BOUND, TAIL, g, gm, y, gm & (y > -float("inf")),
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
         K, KP, META, TINY, DOF_MAX, True,  # update_log's rules

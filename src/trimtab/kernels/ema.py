@@ -2,10 +2,12 @@
 built on it; the jit helpers here are also the slot estimator inside the gradient clip's and
 the optimizer's finalize kernels (:mod:`trimtab.kernels.clip`, ``.optim_finalize``).
 
-The references they must match are :meth:`trimtab.AdaptiveEMA.update` / ``update_log`` and
-:meth:`trimtab.EngagementCorrection.observe`: line for line the same arithmetic, in float32
-(float64 for the engagement z-test, as there). Each call of the torch code is ~35-150 small
-device operations; here it is one launch, and no host synchronisation either way.
+The references they must match are :meth:`trimtab.AdaptiveEMA.update` / ``update_log`` /
+``update_log_and_raise`` (the update, then an epilogue that raises a vector's elements to the
+slots' upper bounds) and :meth:`trimtab.EngagementCorrection.observe`: line for line the same
+arithmetic, in float32 (float64 for the engagement z-test, as there). Each call of the torch
+code is ~35-150 small device operations; here it is one launch, and no host synchronisation
+either way.
 
 State reaches the kernels as a table of int64 data pointers, in the order declared in
 :mod:`trimtab.kernels.ema_layout`: an estimator's ``EMA_FIELDS + EMA_BANK``, for the engagement
@@ -128,8 +130,12 @@ def _ema_step(
     LOG_RULES: tl.constexpr = False,
 ):
     """``AdaptiveEMA.update`` of the lanes' slots (state loaded by ``_ema_load``); stores the
-    new state, returns the estimate. Line for line the torch code of ``estimate.py``;
-    ``LOG_RULES``: of ``update_log`` (its ``log=True`` shift and noise-rise rules)."""
+    new state, returns the new ``(estimate, std_error, noise_var, count)`` (the updated state a
+    caller reads, from the registers that were stored: no reload after a barrier; all four are
+    computed for the stores anyway, so a caller that drops some compiles to the same code).
+    Line for line the torch code of
+    ``estimate.py``; ``LOG_RULES``: of ``update_log`` (its ``log=True`` shift and noise-rise
+    rules)."""
     finite = (obs == obs) & (tl.abs(obs) < float("inf"))
     chosen = chosen & ok
     take = chosen & finite
@@ -267,38 +273,73 @@ def _ema_step(
              tl.where(take, tl.where(done, 0.0, run_d2), run_d20), mask=ok)  # fmt: skip
     tl.store(_ptr(tab, BASE + 10, tl.float32) + slot,
              tl.where(take, tl.where(done, _QUIET, quiet), quiet0), mask=ok)  # fmt: skip
-    return mean, se
+    return mean, se, r, count
 
 
 @triton.jit
 def _ema_update_kernel(
-    tab, obs, mask, out, rate, top, num_slots,
-    HAS_MASK: tl.constexpr, LOG: tl.constexpr, CORRECT: tl.constexpr, TAIL: tl.constexpr,
-    K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr, TINY: tl.constexpr,
-    DOF_MAX: tl.constexpr, BLOCK: tl.constexpr,
+    tab, obs, mask, out, rate, top, num_slots, target, index, target_stride, z, cold, cold_obs,
+    HAS_MASK: tl.constexpr, LOG: tl.constexpr, CORRECT: tl.constexpr, RAISE: tl.constexpr,
+    TAIL: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, META: tl.constexpr,
+    TINY: tl.constexpr, DOF_MAX: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``AdaptiveEMA.update`` (``LOG``: ``update_log``) of ``BLOCK`` slots per program;
-    ``CORRECT``: of ``EngagementCorrection.correct(obs)`` (``rate``, ``top``: its rate, max)."""
+    ``CORRECT``: of ``EngagementCorrection.correct(obs)`` (``rate``, ``top``: its rate, max).
+    ``RAISE`` (with ``LOG``; ``out`` is not written): then ``AdaptiveEMA.update_log_and_raise``'s
+    epilogue, each slot's ``upper_bound_log(z, cold, cold_obs)`` raising its element
+    ``index[slot]`` of ``target`` (element stride ``target_stride``) where the mask selects it."""
     slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = slot < num_slots
     y = tl.load(obs + slot, mask=ok, other=0.0)
     if CORRECT:
         r = tl.load(rate + slot, mask=ok, other=0.0)
         y = _raise_toward(y, r, tl.load(top + slot, mask=ok, other=0.0))
-    chosen = ok
+    picked = ok
     if HAS_MASK:
-        chosen = chosen & (tl.load(mask + slot, mask=ok, other=0) != 0)
+        picked = picked & (tl.load(mask + slot, mask=ok, other=0) != 0)
+    chosen = picked
     if LOG:  # a zero magnitude (log 0) is no observation; NaN compares false: not chosen
         y = tl.log(y)
         chosen = chosen & (y > -float("inf"))
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, slot, ok, K, KP)
-    est, _ = _ema_step(
+    est, se, noise_var, count = _ema_step(
         tab, 0, TAIL, slot, ok, y, chosen,
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
         K, KP, META, TINY, DOF_MAX, LOG,
     )  # fmt: skip
-    if LOG:
+    if RAISE:
+        # The target is no state of the estimator (another tensor): nothing stored above is
+        # read here, so no barrier. Written where the mask selects, as torch.where(mask, ...)
+        # and index_copy_ write back the element read: the others are left untouched.
+        at = target + tl.load(index + slot, mask=ok, other=0) * target_stride
+        scale = tl.load(at, mask=picked, other=0.0)
+        bound = _upper_bound_log(est, se, noise_var, count, z, cold, cold_obs)
+        tl.store(at, _fmax(scale, bound), mask=picked)
+    elif LOG:
         tl.store(out + slot, tl.exp(est), mask=ok)
+
+
+@triton.jit
+def _upper_bound_log(est, se, noise_var, count, z, cold, cold_obs):
+    """``AdaptiveEMA.upper_bound_log`` of the lanes (of their updated state): ``exp(est +
+    margin)``, margin ``z · sqrt(noise_var + se²)``, at least ``cold`` (the log of the cold
+    factor) while ``count < cold_obs``, and ``cold`` where it is NaN (``nan_to_num(cold)``)."""
+    # se squared as the reference squares std_error (on the GPU the compiler may contract the
+    # product and the sum into one FMA: a rounding apart, within the tests' tolerance)
+    sd = tl.sqrt(noise_var + se * se)
+    margin = z * sd
+    margin = tl.where((count < cold_obs) & (margin < cold), cold, margin)  # clamp: NaN stays
+    margin = tl.where(margin == margin, margin, cold)
+    margin = tl.where(margin == float("inf"), 3.4028234663852886e38, margin)
+    margin = tl.where(margin == -float("inf"), -3.4028234663852886e38, margin)
+    return tl.exp(est + margin)
+
+
+@triton.jit
+def _fmax(a, b):
+    """``torch.fmax``: the larger, a NaN ignored (NaN only where both are): ``b`` where ``a``
+    is NaN, else ``a`` unless ``b`` is larger (a NaN ``b`` compares false)."""
+    return tl.where((a != a) | (b > a), b, a)
 
 
 @triton.jit
@@ -328,7 +369,7 @@ def _engagement_step(
     e_n = _load_field(tab, ENG + 4, c, ok, tl.int64)
     frac = tl.where(take, kf / nf, float("nan")).to(tl.float32)
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, c, ok, K, KP)
-    f, _ = _ema_step(
+    f, _, _, _ = _ema_step(
         tab, 0, TAIL, c, ok, frac, take,
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
         K, KP, META, TINY, DOF_MAX,
@@ -407,19 +448,69 @@ def ema_update_triton(
     ``mask`` bool ``[S]`` or None, already validated. Updates ``state`` in place; returns
     ``exp`` of the new estimate when ``log``, else ``obs`` (the estimate is ``state[0]``)."""
     _check_layout(state, EMA_FIELDS + EMA_BANK, "ema_update_triton state")
-    table = state_table(state, (q_level, q_slope))
-    n = obs.numel()
-    out = torch.empty_like(obs) if log else obs
-    m = mask.view(torch.uint8) if mask is not None else obs
     correct = rate is not None
     if correct != (top is not None):
         raise ValueError("ema_update_triton: pass both rate and top, or neither")
+    out = torch.empty_like(obs) if log else obs
+    _launch_update(state, q_level, q_slope, obs, mask, out, log=log, rate=rate, top=top)
+    return out
+
+
+def ema_update_raise_triton(
+    state: Sequence[torch.Tensor],
+    q_level: torch.Tensor,
+    q_slope: torch.Tensor,
+    obs: torch.Tensor,
+    mask: torch.Tensor | None,
+    target: torch.Tensor,
+    index: torch.Tensor,
+    *,
+    z: float,
+    cold_margin: float,
+    cold_obs: int,
+) -> None:
+    """One launch of ``AdaptiveEMA.update_log_and_raise``: ``update_log(obs, mask)`` as
+    :func:`ema_update_triton`, then each slot's ``upper_bound_log`` of the updated state
+    (``z``; ``cold_margin``: the log of its cold factor; ``cold_obs``) raises ``target[index]``
+    where ``mask`` selects the slot: ``fmax(target[index], bound)``, nothing written elsewhere.
+    ``target`` float32 1-D; ``index`` an int64 tensor ``[S]`` of distinct elements in range,
+    already validated (an index out of range is a memory error here: no check without a
+    sync)."""
+    _check_layout(state, EMA_FIELDS + EMA_BANK, "ema_update_raise_triton state")
+    if target.dtype != torch.float32 or target.dim() != 1:
+        raise ValueError(f"ema_update_raise_triton: target must be a float32 vector, got "
+                         f"{target.dtype} of shape {tuple(target.shape)}")  # fmt: skip
+    _launch_update(
+        state, q_level, q_slope, obs, mask, obs, log=True,
+        raise_to=(target, index, target.stride(0), float(z), float(cold_margin), int(cold_obs)),
+    )  # fmt: skip
+
+
+def _launch_update(
+    state: Sequence[torch.Tensor],
+    q_level: torch.Tensor,
+    q_slope: torch.Tensor,
+    obs: torch.Tensor,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    *,
+    log: bool,
+    rate: torch.Tensor | None = None,
+    top: torch.Tensor | None = None,
+    raise_to: tuple | None = None,
+) -> None:
+    """``_ema_update_kernel``'s launch (the unused pointers are ``obs``, never read)."""
+    table = state_table(state, (q_level, q_slope))
+    n = obs.numel()
+    m = mask.view(torch.uint8) if mask is not None else obs
+    correct = rate is not None
+    target, index, stride, z, cold, cold_obs = raise_to or (obs, obs, 0, 0.0, 0.0, 0)
     _ema_update_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
         table, obs.contiguous(), m, out, rate if correct else obs, top if correct else obs, n,
-        HAS_MASK=mask is not None, LOG=log, CORRECT=correct, TAIL=EMA_WIDTH,
-        BLOCK=BLOCK_SLOTS, **consts(q_level.numel()),
+        target, index, stride, z, cold, cold_obs,
+        HAS_MASK=mask is not None, LOG=log, CORRECT=correct, RAISE=raise_to is not None,
+        TAIL=EMA_WIDTH, BLOCK=BLOCK_SLOTS, **consts(q_level.numel()),
     )  # fmt: skip
-    return out
 
 
 def _vector(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
@@ -468,6 +559,7 @@ __all__ = [
     "ENG_FIELDS",
     "consts",
     "dof_tables",
+    "ema_update_raise_triton",
     "ema_update_triton",
     "engagement_observe_triton",
     "state_table",

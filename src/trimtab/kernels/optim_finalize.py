@@ -181,7 +181,7 @@ def _fold_slots(
     slot = kind * G + g
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _ema_load(tab, 0, slot, ok, K, KP)
     tl.debug_barrier()  # every value above is read before anything below writes
-    est, se = _ema_step(
+    est, se, _, _ = _ema_step(
         tab, 0, TAIL, slot, ok, obs, chosen,
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12,
         K, KP, META, TINY, DOF_MAX,
@@ -305,7 +305,7 @@ def _finalize_kernel(
         nf = count.to(tl.float64)
         take_e = eng & (nf > 0) & clamp_on
         frac = tl.where(take_e, kf / nf, float("nan")).to(tl.float32)
-        f, _ = _ema_step(
+        f, _, _, _ = _ema_step(
             tab, EMA_WIDTH, TAIL, g, eng, frac, take_e,
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12,
             K, KP, META, TINY, DOF_MAX,

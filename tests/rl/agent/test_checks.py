@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from rl_helpers import generic, tiny
 
@@ -65,6 +66,45 @@ def test_one_fold_a_step_is_each_buffers_fold_after_its_check(tmp_path):
     ours, theirs = checks.watch_ema.state_dict(), reference.state_dict()
     for k in theirs:
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, equal_nan=True, msg=k)
+
+
+@pytest.mark.gpu
+def test_the_fold_on_cuda_is_its_reference_without_sync(tmp_path):
+    """On CUDA the fold runs the kernel of ``update_log_and_raise`` (one launch, counted in
+    ``tests/test_ema_kernel.py``): its threshold scales against the reference's on the same
+    device (the torch path, as on the CPU), each step from the reference's state and scales
+    (float32 in another order: the kernel tests' tolerance), over shifts of scale; no host
+    sync."""
+    dev = torch.device("cuda")
+    with Lifecycle():
+        checks = build_learner(
+            generic(tiny(tmp_path, measure_every=1, device="cuda")), 5, [3], dev
+        ).stability.checks
+    with detached():
+        reference = AdaptiveEMA(len(WATCHED), device=dev)
+    scales = torch.full((len(WATCHED),), math.nan, device=dev)
+    g = torch.Generator().manual_seed(1)
+    for step in range(60):
+        scale = 10.0 ** (step // 15) if step < 45 else 1e-3  # up, then a drop the slots hold
+        values = {n: (scale * torch.randn(64, generator=g)).to(dev) for n in WATCHED}
+        checks.watch_ema.load_state_dict(reference.state_dict())
+        for i, n in enumerate(WATCHED):
+            checks.state[f"{n}_scale"].copy_(scales[i])
+        torch.cuda.synchronize()
+        if step:  # the first fold builds its mask (a copy to the device) and compiles
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            checks._measure({n: values[n] for n in WATCHED[:3]})
+            checks._measure({"grad_trunk": values["grad_trunk"]})
+            checks._fold()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        obs = torch.stack([v.abs().max() for v in values.values()])
+        reference.update_log(obs, impl="torch")
+        scales = torch.fmax(scales, watch_threshold(reference))
+        got = torch.stack([checks.state[f"{n}_scale"] for n in WATCHED])
+        torch.testing.assert_close(got, scales, rtol=1e-4, atol=0, equal_nan=True,
+                                   msg=lambda m, step=step: f"step {step}: {m}")  # fmt: skip
 
 
 def test_gradients_are_checked_against_the_largest_clip_bound_this_fold(tmp_path):

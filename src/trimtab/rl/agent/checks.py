@@ -108,11 +108,9 @@ def watch_threshold(ema: AdaptiveEMA, z: float = EXCURSION_Z) -> Tensor:
     the estimated level. NaN where the slot is unset. Cold start: until the spread rests on
     ``COLD_OBS`` observations (a variance from a handful of differences can be any size), the
     margin is at least ``EXCURSION_FACTOR``, and exactly that until it is measured at all. No
-    host sync."""
-    sd = (ema.noise_var + ema.std_error.square()).sqrt()
-    cold = math.log(EXCURSION_FACTOR)
-    margin = torch.where(ema.count < COLD_OBS, torch.clamp(z * sd, min=cold), z * sd)
-    return (ema.estimate + margin.nan_to_num(cold)).exp()
+    host sync. The arithmetic is the estimator's (:meth:`trimtab.AdaptiveEMA.upper_bound_log`,
+    the reference of the fused fold's kernel) with this module's constants."""
+    return ema.upper_bound_log(z, cold_factor=EXCURSION_FACTOR, cold_obs=COLD_OBS)
 
 
 class Checks:
@@ -335,7 +333,8 @@ class Checks:
     @torch.no_grad()
     def _fold(self) -> None:
         """Fold the held max|x| of watched buffers into their thresholds: one log-scale
-        estimator update and one write of the slots for all of them. A slot holds the largest
+        estimator update and one write of the slots for all of them
+        (:meth:`trimtab.AdaptiveEMA.update_log_and_raise`). A slot holds the largest
         threshold this fold (:func:`watch_threshold`, the slots reset at a boundary), so
         gradients that shrink by orders of magnitude as training converges keep the threshold
         of their largest scale; a healthy buffer exceeds it with probability about
@@ -351,11 +350,12 @@ class Checks:
         zero = next(iter(self._pending.values())).new_zeros(())
         obs = torch.stack([self._pending.get(n, zero) for n in WATCHED])
         self._pending.clear()
-        self.watch_ema.update_log(obs, mask)
-        sv, index = self.state.tensor, self._scale_index
-        scales = sv.index_select(0, index)
-        raised = torch.fmax(scales, watch_threshold(self.watch_ema))
-        sv.index_copy_(0, index, torch.where(mask, raised, scales))
+        # update_log, then fmax of each masked slot with its watch_threshold: on CUDA one
+        # launch (the threshold and the write were 23 more operators); on the CPU the same ops.
+        self.watch_ema.update_log_and_raise(
+            obs, mask, self.state.tensor, self._scale_index,
+            z=EXCURSION_Z, cold_factor=EXCURSION_FACTOR, cold_obs=COLD_OBS,
+        )  # fmt: skip
 
     def _watch(self, values: dict[str, Tensor]) -> None:
         """Measure and fold ``values`` at once (what a learn step does over its phases)."""
