@@ -5,7 +5,7 @@ ops, the Python between them; compiled whole with ``--compile``).
     python benchmarks/experiments/probe_cpu_paths.py [--compile] [--out PATH] [--key NAME]
 
 CPU only, one thread. ``--compile`` needs a C++ compiler (inductor's CPU backend) and takes about
-a minute: it times ``torch.compile`` of ``estimate._fold_reference`` and of the multi-tensor Adam
+a minute: it times ``torch.compile`` of ``ema_fold.fold_reference`` and of the multi-tensor Adam
 group step, neither of which trimtab uses (compiled code is not the reference bit for bit, and
 design invariant 6 makes the reference the CPU path).
 """
@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
 import bench_trainer
 from trimtab._script import scripted
 from trimtab.benchmarking import benchmark_parser, invocation, provenance, save_record
-from trimtab.estimate import AdaptiveEMA, _fold_reference
+from trimtab.ema_fold import fold_reference as _fold_reference
+from trimtab.estimate import AdaptiveEMA
 from trimtab.optim import _multi_tensor as mt
 from trimtab.rl.config import TrainConfig
 

@@ -15,7 +15,8 @@ import torch
 
 from trimtab._impl import resolve_impl
 from trimtab._script import compiles, scripted
-from trimtab.estimate import AdaptiveEMA, _fold_reference, check_mask
+from trimtab.ema_fold import fold_reference
+from trimtab.estimate import AdaptiveEMA, check_mask
 from trimtab.kernels.ema_layout import normal_upper_quantile
 from trimtab.lifecycle import register
 
@@ -291,13 +292,13 @@ def _observe_reference(
     """:meth:`EngagementCorrection.observe` in torch (the kernel's oracle), in place: ``k`` and
     ``n`` float64, ``top`` float32 ``[num_consumers]``; the smoothed fraction's estimator is
     given by its state (``s``, ``rows``, ``bank``, its candidates' noise ``q_level``,
-    ``q_slope``: :func:`trimtab.estimate._fold_reference`)."""
+    ``q_slope``: :func:`trimtab.ema_fold.fold_reference`)."""
     take = n > 0
     if mask is not None:
         take = take & mask
     # 0/0 -> NaN, which the EMA ignores (consumers that saw nothing keep their estimate).
     frac = torch.where(take, k / n, torch.full_like(n, math.nan)).float()
-    f = _fold_reference(s, rows, bank, q_level, q_slope, frac, take, False).double()
+    f = fold_reference(s, rows, bank, q_level, q_slope, frac, take, False).double()
     z = (f - p) / torch.sqrt(p * (1.0 - p) / n.clamp(min=1.0))
     stale = take & (z > z_threshold)
     rate = torch.where(stale, (f - p) / f, torch.zeros_like(f)).float()
