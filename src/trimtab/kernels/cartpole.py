@@ -1,12 +1,13 @@
 """Triton kernel for :meth:`trimtab.rl.envs.cartpole.BatchedCartPole.step`: a whole batched
 CartPole step (dynamics, flags, counters, same-step autoreset, observations) in one launch.
 
-The torch reference is the env's own step (:func:`~trimtab.rl.envs.cartpole.cartpole_dynamics`
-and the eager ops around it); this module is a leaf (it imports only torch and Triton) and is
-imported only once :func:`trimtab._impl.resolve_impl` has chosen ``"triton"``. Layout: ``state``
-``[N, 4]`` contiguous (float32 or float64), ``elapsed`` ``[N]`` int64, ``episode_return`` ``[N]``
-float32, ``u`` ``[N, 4]`` the reset draw's ``torch.rand`` in the state's dtype, and the physical
-constants a ``[len(CONSTANTS)]`` tensor of the state's dtype (:func:`pack_constants`).
+The torch reference is the env's own step (:func:`~trimtab.rl.envs.cartpole.cartpole_dynamics` and
+the eager ops around it); this module is a leaf (it imports only torch, Triton and
+:mod:`trimtab.kernels._eager`) and is imported only once :func:`trimtab._impl.resolve_impl` has
+chosen ``"triton"``. Layout: ``state`` ``[N, 4]`` contiguous (float32 or float64), ``elapsed``
+``[N]`` int64, ``episode_return`` ``[N]`` float32, ``u`` ``[N, 4]`` the reset draw's ``torch.rand``
+in the state's dtype, and the physical constants a ``[len(CONSTANTS)]`` tensor of the state's dtype
+(:func:`pack_constants`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from collections.abc import Mapping
 import torch
 import triton
 import triton.language as tl
+
+from trimtab.kernels import _eager
+from trimtab.kernels._eager import div as _div
+from trimtab.kernels._eager import launch_options, torch_divides_by_reciprocal
 
 #: The constants' slots, in order. They reach the kernel as a tensor of the state's dtype, not
 #: as Python floats: a float argument or literal may be rounded to float32 before it meets a
@@ -36,21 +41,8 @@ def pack_constants(
     values: Mapping[str, float], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """The :data:`CONSTANTS` tensor from ``values`` (every slot but ``inv_total_mass``, which is
-    derived here), each rounded once to ``dtype`` as torch rounds a Python number an op meets.
-    Built once per env: copying it to the device is not something a captured step may do."""
-    want = set(CONSTANTS) - {"inv_total_mass"}
-    if set(values) != want:
-        raise ValueError(f"constants: need exactly {sorted(want)}, got {sorted(values)}")
-    row = torch.tensor([values.get(name, 0.0) for name in CONSTANTS], dtype=dtype)
-    # an IEEE division in dtype on the CPU, as torch's host code rounds the reciprocal
-    row[_SLOT["inv_total_mass"]] = torch.ones((), dtype=dtype) / row[_SLOT["total_mass"]]
-    return row.to(device)
-
-
-def torch_divides_by_reciprocal(device: torch.device) -> bool:
-    """Whether torch computes ``tensor / number`` on ``device`` as ``tensor * (1 / number)``, the
-    reciprocal rounded once on the host (its CUDA kernel does; its CPU kernel divides)."""
-    return device.type == "cuda"
+    derived here: :func:`trimtab.kernels._eager.pack_constants`)."""
+    return _eager.pack_constants(CONSTANTS, values, {"inv_total_mass": "total_mass"}, dtype, device)
 
 
 # CONSTANTS' slots as compile-time indices (a jitted function reads globals only as constexprs)
@@ -68,16 +60,6 @@ _X_THRESHOLD = tl.constexpr(_SLOT["x_threshold"])
 _THETA_THRESHOLD = tl.constexpr(_SLOT["theta_threshold"])
 _RESET_LOW = tl.constexpr(_SLOT["reset_low"])
 _RESET_SPAN = tl.constexpr(_SLOT["reset_span"])
-
-
-@triton.jit
-def _div(a, b):
-    # ``/`` on float32 compiles to an approximate division on NVIDIA GPUs; torch's is IEEE.
-    # (float64 ``/`` is IEEE already, and div_rn takes float32 only.)
-    if a.dtype == tl.float32:
-        return tl.math.div_rn(a, b)
-    else:
-        return a / b
 
 
 @triton.jit
@@ -173,17 +155,6 @@ def _cartpole_step_kernel(
     tl.store(terminated + row, fell, mask=m)
     tl.store(truncated + row, cut, mask=m)
     tl.store(ep_return + row, ret, mask=m)
-
-
-def launch_options() -> dict[str, object]:
-    """The launch's compile options. Exactly torch's arithmetic: no FMA contraction (torch
-    rounds after every multiply and every add) and, on NVIDIA GPUs, libdevice's sin and cos
-    without flushing subnormals to zero (torch's are built without it; Triton's HIP backend has
-    no such option). The interpreter ignores both."""
-    options: dict[str, object] = {"num_warps": 4, "enable_fp_fusion": False}
-    if torch.version.hip is None:
-        options["enable_reflect_ftz"] = False
-    return options
 
 
 def launch_step(

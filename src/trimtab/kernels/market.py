@@ -2,14 +2,14 @@
 market step (positions, reward and its per-asset parts, ruin, days, observations, autoreset).
 
 The torch reference is the env's own step (:func:`~trimtab.rl.backtest.execution.step_log_return`,
-``step_reward_parts``, ``ruined`` and the eager ops around them); this module is a leaf (it
-imports only torch and Triton) and is imported only once :func:`trimtab._impl.resolve_impl` has
-chosen ``"triton"``. Layout (``D`` the env's dtype, float32 or float64; ``N`` envs, ``A``
-assets, ``F`` features, ``T`` days, ``L`` levels): :class:`Tables` holds what a step reads and
-never writes (``features`` ``[T, A*F]``, ``pre`` and ``post`` ``[T, A]`` simple returns,
-``levels`` ``[L]``, all contiguous ``D``, and the constants ``[len(CONSTANTS)]`` ``D``, from
-:func:`pack_constants`); the state is ``position`` ``[N, A]`` ``D``, ``t`` and ``start`` ``[N]``
-int64 and ``episode_return`` ``[N]`` ``D``, contiguous, updated in place; ``fresh`` ``[N]``
+``step_reward_parts``, ``ruined`` and the eager ops around them); this module is a leaf (it imports
+only torch, Triton and :mod:`trimtab.kernels._eager`) and is imported only once
+:func:`trimtab._impl.resolve_impl` has chosen ``"triton"``. Layout (``D`` the env's dtype, float32
+or float64; ``N`` envs, ``A`` assets, ``F`` features, ``T`` days, ``L`` levels): :class:`Tables`
+holds what a step reads and never writes (``features`` ``[T, A*F]``, ``pre`` and ``post`` ``[T, A]``
+simple returns, ``levels`` ``[L]``, all contiguous ``D``, and the constants ``[len(CONSTANTS)]``
+``D``, from :func:`pack_constants`); the state is ``position`` ``[N, A]`` ``D``, ``t`` and ``start``
+``[N]`` int64 and ``episode_return`` ``[N]`` ``D``, contiguous, updated in place; ``fresh`` ``[N]``
 int64 is the step's ``torch.randint`` draw of new starts.
 """
 
@@ -23,6 +23,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from trimtab.kernels import _eager
+from trimtab.kernels._eager import div as _div
+from trimtab.kernels._eager import launch_options, torch_divides_by_reciprocal
 
 #: The constants' slots, in order. They reach the kernel as a tensor of the env's dtype, not as
 #: Python floats: a float argument or literal may be rounded to float32 before it meets a
@@ -61,21 +65,8 @@ def pack_constants(
     values: Mapping[str, float], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """The :data:`CONSTANTS` tensor from ``values`` (every slot but ``inv_n_assets``, which is
-    derived here), each rounded once to ``dtype`` as torch rounds a Python number an op meets.
-    Built once per env: copying it to the device is not something a captured step may do."""
-    want = set(CONSTANTS) - {"inv_n_assets"}
-    if set(values) != want:
-        raise ValueError(f"constants: need exactly {sorted(want)}, got {sorted(values)}")
-    row = torch.tensor([values.get(name, 0.0) for name in CONSTANTS], dtype=dtype)
-    # an IEEE division in dtype on the CPU, as torch's host code rounds the reciprocal
-    row[_SLOT["inv_n_assets"]] = torch.ones((), dtype=dtype) / row[_SLOT["n_assets"]]
-    return row.to(device)
-
-
-def torch_divides_by_reciprocal(device: torch.device) -> bool:
-    """Whether torch computes ``tensor / number`` on ``device`` as ``tensor * (1 / number)``, the
-    reciprocal rounded once on the host (its CUDA kernel does; its CPU kernel divides)."""
-    return device.type == "cuda"
+    derived here: :func:`trimtab.kernels._eager.pack_constants`)."""
+    return _eager.pack_constants(CONSTANTS, values, {"inv_n_assets": "n_assets"}, dtype, device)
 
 
 def uses_libdevice(device: torch.device) -> bool:
@@ -93,16 +84,6 @@ _PER_TURNOVER = tl.constexpr(_SLOT["per_turnover"])
 _N_ASSETS = tl.constexpr(_SLOT["n_assets"])
 _INV_N_ASSETS = tl.constexpr(_SLOT["inv_n_assets"])
 _ONE_OVER_N_ASSETS = tl.constexpr(_SLOT["one_over_n_assets"])
-
-
-@triton.jit
-def _div(a, b):
-    # ``/`` on float32 compiles to an approximate division on NVIDIA GPUs; torch's is IEEE.
-    # (float64 ``/`` is IEEE already, and div_rn takes float32 only.)
-    if a.dtype == tl.float32:
-        return tl.math.div_rn(a, b)
-    else:
-        return a / b
 
 
 @triton.jit
@@ -256,17 +237,6 @@ def _market_step_kernel(
         tl.store(final_obs + rows * (AF + A) + col, seen, mask=mk)
         first = tl.load(features + new_day[:, None] * AF + col, mask=mk, other=0.0)
         tl.store(obs + rows * (AF + A) + col, first, mask=mk)
-
-
-def launch_options() -> dict[str, object]:
-    """The launch's compile options. Exactly torch's arithmetic: no FMA contraction (torch
-    rounds after every multiply and every add) and, on NVIDIA GPUs, libdevice's log1p without
-    flushing subnormals to zero (torch's is built without it; Triton's HIP backend has no such
-    option). The interpreter ignores both."""
-    options: dict[str, object] = {"num_warps": 4, "enable_fp_fusion": False}
-    if torch.version.hip is None:
-        options["enable_reflect_ftz"] = False
-    return options
 
 
 def launch_step(
