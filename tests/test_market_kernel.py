@@ -114,8 +114,10 @@ def _run(ref, ker, steps, rng, tol, *, no_sync=False):
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Programs of 8 envs: 5 envs are one part-filled program, 17 are three."""
+    """Programs of 8 envs: 5 envs are one part-filled program, 17 are three; feature columns
+    copied 16 at a time: 35 are three passes, the last part-filled."""
     monkeypatch.setattr(market_kernel, "MARKET_BLOCK", 8)
+    monkeypatch.setattr(market_kernel, "FEATURE_CHUNK", 16)
 
 
 CASES = [  # n, assets, features, dtype, parts, costs, execution
@@ -125,6 +127,7 @@ CASES = [  # n, assets, features, dtype, parts, costs, execution
     (5, 3, 2, torch.float64, False, "turnover", "next_close"),
     (17, 3, 4, torch.float64, True, "carry", "same_close"),
     (17, 1, 3, torch.float32, True, "turnover", "next_open"),
+    (5, 5, 7, torch.float64, True, "carry", "next_open"),  # 35 feature columns: two chunks
 ]
 
 
@@ -235,10 +238,27 @@ def test_the_greedy_evaluation_runs_the_kernel_as_the_reference(kernel_device, m
     np.testing.assert_allclose(got.log_returns, want.log_returns, **_tol(torch.float64))
 
 
-def test_a_float_action_is_refused(kernel_device):
-    _, ker = _pair(2, 1, 2, torch.float64, kernel_device)
-    with pytest.raises(TypeError, match="integer dtype"):
-        ker.step(torch.zeros(2, 1))
+@pytest.mark.parametrize(
+    ("action", "error", "message"),
+    [
+        (torch.zeros(2, 3), TypeError, r"need an int64 or int32 tensor of shape \(2, 3\), got "
+         r"torch.float32 \(pass action.long\(\)\)"),
+        (torch.zeros(2, 3, dtype=torch.uint8), TypeError, "int64 or int32"),
+        (torch.zeros(3, 2, dtype=torch.long), ValueError, r"shape \(2, 3\).*got \(3, 2\)"),
+        (torch.zeros(6, dtype=torch.long), ValueError, r"shape \(2, 3\).*got \(6,\)"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("kernel", [False, True])
+def test_a_wrong_action_is_refused_on_either_path(kernel_device, kernel, action, error, message):
+    """The kernel would read a transposed or flat action of as many elements as a scrambled one;
+    the reference reads a uint8 tensor as a mask: both refuse, before anything is written."""
+    ref, ker = _pair(2, 3, 2, torch.float64, kernel_device)
+    env = ker if kernel else ref
+    before = env.state_dict()
+    with pytest.raises(error, match=message):
+        env.step(action.to(env.device))
+    after = env.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in ("t", "position", "episode_return"))
 
 
 def test_impl_none_keeps_the_reference_on_the_cpu():
@@ -354,7 +374,8 @@ def test_kernel_step_is_the_eager_step_on_cuda(dtype, costs, execution):
     ref, ker = _pair(1031, 3, 4, dtype, torch.device("cuda"), costs=costs, execution=execution,
                      seed=11)  # fmt: skip
     feats, fills = _market(3, 4, execution)
-    assert BatchedTradingEnv(feats, fills, 2, WINDOW, device="cuda")._launch is not None  # None
+    # impl=None (the default) picks the kernel on CUDA
+    assert BatchedTradingEnv(feats, fills, 2, WINDOW, device="cuda")._launch is not None
     ker.step(torch.zeros(1031, 3, dtype=torch.long, device="cuda"))  # compiles the kernel
     ker.load_state_dict(ref.state_dict())
     ends = _run(ref, ker, 300, np.random.default_rng(1), _tol(dtype), no_sync=True)

@@ -102,7 +102,7 @@ def _log1p(x, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _clamp_min(x, low):
-    # torch's clamp_min: ``low`` where ``x < low``, else ``x`` (inputs are finite)
+    # torch's clamp_min: ``low`` where ``x < low``, else ``x`` (NaN passes through, as torch's)
     return tl.where(x < low, low, x)
 
 

@@ -225,12 +225,31 @@ class BatchedTradingEnv:
             getattr(self, name).copy_(state[name])
         self.generator.set_state(state["generator"])
 
+    def _check_action(self, action: Tensor) -> None:
+        """Shape, dtype and device, from the tensor's metadata (no host sync): the kernel would
+        read a transposed or flat action of as many elements as a scrambled one, and the
+        reference reads a uint8 or bool tensor as a mask."""
+        want = (self.n_envs, self.n_assets)
+        if not isinstance(action, Tensor) or action.dtype not in (torch.int64, torch.int32):
+            raise TypeError(
+                f"BatchedTradingEnv.step: actions index the levels: need an int64 or int32 "
+                f"tensor of shape {want}, got {getattr(action, 'dtype', type(action).__name__)}"
+                f" (pass action.long())"
+            )
+        if tuple(action.shape) != want or action.device != self.position.device:
+            raise ValueError(
+                f"BatchedTradingEnv.step: need an action of shape {want} (n_envs, assets) on "
+                f"{self.position.device}, got {tuple(action.shape)} on {action.device}"
+            )
+
     def step(self, action: Tensor) -> StepResult:
-        """Apply ``action[n_envs, A]`` (indices into ``levels``); see the class docstring."""
+        """Apply ``action[n_envs, A]`` (int64 or int32 indices into ``levels``, on the env's
+        device); see the class docstring."""
+        self._check_action(action)
         if self._launch is not None:  # the kernel resets from the same draw as below
             return StepResult(*self._launch(
-                self._tables, action.reshape(self.n_envs, self.n_assets), self.position, self.t,
-                self.start, self.episode_return, self._random_starts(), self.reward_parts,
+                self._tables, action, self.position, self.t, self.start, self.episode_return,
+                self._random_starts(), self.reward_parts,
             ))  # fmt: skip
         new_pos = self.levels[action]
         pre, post = self.pre[self.t + 1], self.post[self.t + 1]
