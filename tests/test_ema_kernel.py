@@ -314,6 +314,24 @@ def test_update_and_raise_kernel_writes_a_strided_target(kernel_device):
     assert (mine[[0, 2, 4], 1] > 1.0).all()
 
 
+def test_update_and_raise_kernel_reads_strided_obs_mask_and_index(kernel_device):
+    """Every-other-element views of obs, mask and index (the kernel reads element i at offset
+    i): the same writes and state as the reference's."""
+    dev = kernel_device
+    target, mine = torch.full((10,), -1.0, device=dev), torch.full((10,), -1.0, device=dev)
+    index = torch.tensor([4, 9, 0, 9, 2, 9], device=dev)[::2]  # [4, 0, 2]
+    mask = torch.tensor([True, True, False, False, True, True], device=dev)[::2]  # [T, F, T]
+    ref, ker = AdaptiveEMA(3, device=dev), AdaptiveEMA(3, device=dev)
+    for step in range(4):
+        obs = (torch.arange(1.0, 7.0, device=dev) * (1.0 + 0.1 * step))[::2]
+        ref.update_log_and_raise(obs, mask, target, index, cold_obs=2, impl="torch", **RAISE)
+        ker.update_log_and_raise(obs, mask, mine, index, cold_obs=2, impl="triton", **RAISE)
+        torch.testing.assert_close(mine, target, rtol=1e-4, atol=0, equal_nan=True)
+    assert (mine[[4, 2]] > 1.0).all() and (mine[[0, 1, 3, 5, 6, 7, 8, 9]] == -1.0).all()
+    for (k, x), (_, y) in zip(ker.state_dict().items(), ref.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, equal_nan=True, msg=k)
+
+
 @pytest.mark.gpu
 def test_update_and_raise_is_one_launch_without_sync_and_captures_in_a_cuda_graph() -> None:
     """On CUDA: one kernel (the profiler's count), no host sync, and a CUDA graph of it replays

@@ -245,9 +245,13 @@ def _bad_calls() -> list[tuple[str, object, type[Exception], str]]:
     def load(state):
         return lambda: AdaptiveEMA(3).load_state_dict(state)
 
-    def raise_(target, index):
-        kw = {"z": 12.0, "cold_factor": 1e3, "cold_obs": 3}
+    def raise_(target, index, **over):
+        kw = {"z": 12.0, "cold_factor": 1e3, "cold_obs": 3, **over}
         return lambda: AdaptiveEMA(3).update_log_and_raise(torch.ones(3), None, target, index, **kw)
+
+    def bound(**over):
+        kw = {"z": 12.0, "cold_factor": 1e3, "cold_obs": 3, **over}
+        return lambda: AdaptiveEMA(3).upper_bound_log(**kw)
 
     vec, at = torch.zeros(5), torch.tensor([4, 0, 2])
 
@@ -277,6 +281,12 @@ def _bad_calls() -> list[tuple[str, object, type[Exception], str]]:
         ("float index", raise_(vec, at.float()), TypeError, "index must be an int64 tensor"),
         ("int32 index", raise_(vec, at.int()), TypeError, "index must be an int64 tensor"),
         ("short index", raise_(vec, at[:2]), ValueError, r"index must have shape \(3,\)"),
+        ("nan z", bound(z=math.nan), ValueError, "z must be a finite positive number"),
+        ("negative z", bound(z=-1.0), ValueError, "z must be a finite positive number"),
+        ("tensor z", bound(z=torch.tensor(3.0)), ValueError, "z must be a finite positive"),
+        ("cold factor < 1", bound(cold_factor=0.5), ValueError, "cold_factor must be a finite"),
+        ("float cold_obs", bound(cold_obs=2.0), ValueError, "cold_obs must be an int >= 0"),
+        ("raise: inf z", raise_(vec, at, z=math.inf), ValueError, "z must be a finite"),
     ]  # fmt: skip
 
 
@@ -516,6 +526,22 @@ def test_upper_bound_log_is_a_cold_factor_until_measured_then_z_spreads() -> Non
     spread = (ema.noise_var + ema.std_error.square()).sqrt()
     torch.testing.assert_close(bound, (ema.estimate + 12.0 * spread).exp())
     assert (bound < 1e3 * ema.estimate.exp()).all() and bound[0] > ema.estimate[0].exp()
+
+
+def test_update_log_and_raise_rounds_the_bound_to_the_target_dtype() -> None:
+    """A float64 estimator raising a float32 target (and the reverse): the bound rounded to the
+    target's dtype, as a float64 reference estimator's bound cast once."""
+    for est, tgt in ((torch.float64, torch.float32), (torch.float32, torch.float64)):
+        ema, twin = AdaptiveEMA(2, dtype=est), AdaptiveEMA(2, dtype=est)
+        target = torch.zeros(3, dtype=tgt)
+        for t in range(6):
+            obs = torch.tensor([2.0, 5.0], dtype=est) * (1 + 0.1 * t)
+            ema.update_log_and_raise(obs, None, target, torch.tensor([2, 0]), z=3.0,
+                                     cold_factor=10.0, cold_obs=2)  # fmt: skip
+            twin.update_log(obs)
+        want = twin.upper_bound_log(3.0, cold_factor=10.0, cold_obs=2).to(tgt)
+        assert target.dtype == tgt and target[1] == 0.0
+        assert target[2] >= want[0] and target[0] >= want[1]
 
 
 @pytest.mark.parametrize("masked", [False, True])

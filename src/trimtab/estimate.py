@@ -72,6 +72,22 @@ def check_mask(mask: torch.Tensor, num: int, device: torch.device) -> None:
         )
 
 
+def _check_bound_args(z: float, cold_factor: float, cold_obs: int) -> None:
+    """The arguments of :meth:`AdaptiveEMA.upper_bound_log`: Python numbers (a tensor ``z``
+    would be read back to the host), ``z`` finite and positive (NaN, Inf or a negative ``z``
+    gives thresholds that never fire or always do), ``cold_factor`` at least 1."""
+    if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z) or z <= 0:
+        raise ValueError(f"z must be a finite positive number (a margin in standard "
+                         f"deviations), got {z!r}")  # fmt: skip
+    if (isinstance(cold_factor, bool) or not isinstance(cold_factor, (int, float))
+            or not math.isfinite(cold_factor) or cold_factor < 1):  # fmt: skip
+        raise ValueError(f"cold_factor must be a finite number >= 1 (the cold bound's factor "
+                         f"over the estimate), got {cold_factor!r}")  # fmt: skip
+    if isinstance(cold_obs, bool) or not isinstance(cold_obs, int) or cold_obs < 0:
+        raise ValueError(f"cold_obs must be an int >= 0 (observations before the measured "
+                         f"margin is trusted), got {cold_obs!r}")  # fmt: skip
+
+
 class AdaptiveEMA:
     r"""Per-slot adaptive EMA: ``m_t = m_(t-1) + α_t (y_t - m_(t-1))``, α_t from the signal.
 
@@ -215,6 +231,7 @@ class AdaptiveEMA:
         the margin is at least ``log(cold_factor)``, and exactly that until it is measured at
         all (NaN); NaN where the slot is unset. The sentinel's thresholds on the buffers it
         watches (:func:`trimtab.rl.agent.checks.watch_threshold`). No host sync."""
+        _check_bound_args(z, cold_factor, cold_obs)
         sd = (self.noise_var + self.std_error.square()).sqrt()
         cold = math.log(cold_factor)
         margin = torch.where(self.count < cold_obs, torch.clamp(z * sd, min=cold), z * sd)
@@ -332,10 +349,12 @@ class AdaptiveEMA:
         ``target``: a float vector on the estimator's device; ``index``: an int64 tensor of one
         element per slot, distinct and in range (not checked on the device: that would sync).
         ``impl`` as in :meth:`update`; the kernel (float32 estimator, ``obs`` and ``target``)
-        is one launch, the update and the raise together. The reference, this method on the
-        CPU, is the ops' sequence spelled out below, eagerly."""
+        is one launch, the update and the raise together. The reference (the CPU's path, and
+        CUDA's with ``impl="torch"`` or other dtypes) is :meth:`update_log`'s, then the ops
+        spelled out below; the bound is rounded to ``target``'s dtype."""
         self._check(obs, mask)
         self._check_target(target, index)
+        _check_bound_args(z, cold_factor, cold_obs)
         if self._impl(impl, obs, target) == "triton":
             from trimtab.kernels.ema import ema_update_raise_triton
 
@@ -347,7 +366,7 @@ class AdaptiveEMA:
         self._update_log_reference(obs, mask)
         held = target.index_select(0, index)
         bound = self.upper_bound_log(z, cold_factor=cold_factor, cold_obs=cold_obs)
-        raised = torch.fmax(held, bound)
+        raised = torch.fmax(held, bound.to(target.dtype))
         target.index_copy_(0, index, raised if mask is None else torch.where(mask, raised, held))
 
     def _check_target(self, target: torch.Tensor, index: torch.Tensor) -> None:
@@ -448,9 +467,9 @@ class AdaptiveEMA:
         """:meth:`update` in torch, on validated arguments (the kernel's oracle); ``log``: of
         :meth:`update_log` (on the log scale a level's noise does not grow with it, so a run
         agrees by R's measure only, and only exceedances of opposite signs are a noise rise).
-        The arithmetic is :func:`_fold_reference`'s, on the CPU run as compiled by TorchScript
-        (:func:`trimtab._script.scripted`): the same aten ops on the same tensors, so the same
-        values, at a third of the eager interpreter's cost per op."""
+        The arithmetic is :func:`trimtab.ema_fold.fold_reference`'s, on the CPU run as compiled
+        by TorchScript (:func:`trimtab._script.scripted`): the same aten ops on the same
+        tensors, so the same values, at a third of the eager interpreter's cost per op."""
         fold = _fold_reference
         if self.compiled and compiles(self.device):
             fold = scripted(_fold_reference)

@@ -502,9 +502,12 @@ def _launch_update(
     """``_ema_update_kernel``'s launch (the unused pointers are ``obs``, never read)."""
     table = state_table(state, (q_level, q_slope))
     n = obs.numel()
-    m = mask.view(torch.uint8) if mask is not None else obs
+    # the kernel reads element i of obs, mask and index at offset i: contiguous copies of
+    # strided ones (no copy, no kernel, for contiguous ones)
+    m = mask.contiguous().view(torch.uint8) if mask is not None else obs
     correct = rate is not None
     target, index, stride, z, cold, cold_obs = raise_to or (obs, obs, 0, 0.0, 0.0, 0)
+    index = index.contiguous()
     _ema_update_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
         table, obs.contiguous(), m, out, rate if correct else obs, top if correct else obs, n,
         target, index, stride, z, cold, cold_obs,
@@ -544,7 +547,7 @@ def engagement_observe_triton(
     table = state_table(fraction, engagement, (q_level, q_slope))
     n = engagement[0].numel()
     (k, ks), (t, ts), (top, ms) = (_vector(x, n) for x in (engaged, total, observed_max))
-    m = mask.view(torch.uint8) if mask is not None else k
+    m = mask.contiguous().view(torch.uint8) if mask is not None else k  # read at offset i
     _engagement_kernel[(triton.cdiv(n, BLOCK_SLOTS),)](
         table, k, t, top, m, ks, ts, ms, n, expected_rate, z_threshold,
         HAS_MASK=mask is not None, ENG=EMA_WIDTH, TAIL=EMA_WIDTH + len(ENG_FIELDS),
