@@ -6,6 +6,7 @@ A leaf beside the kernels that use it (it imports only torch and Triton).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -39,6 +40,14 @@ def torch_divides_by_reciprocal(device: torch.device) -> bool:
     """Whether torch computes ``tensor / number`` on ``device`` as ``tensor * (1 / number)``, the
     reciprocal rounded once on the host (its CUDA kernel does; its CPU kernel divides)."""
     return device.type == "cuda"
+
+
+def uses_libdevice(device: torch.device) -> bool:
+    """Whether a kernel can call the GPU's libdevice functions, which torch's CUDA kernels call
+    too (``log1p`` is ``::log1p``, the same CUDA math library function): on CUDA, but not under
+    Triton's interpreter, which runs no libdevice call (the kernel then computes from ``tl.log``
+    and the like)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
 def launch_options() -> dict[str, object]:

@@ -15,7 +15,6 @@ int64 is the step's ``torch.randint`` draw of new starts.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -26,7 +25,7 @@ from triton.language.extra import libdevice
 
 from trimtab.kernels import _eager
 from trimtab.kernels._eager import div as _div
-from trimtab.kernels._eager import launch_options, torch_divides_by_reciprocal
+from trimtab.kernels._eager import launch_options, torch_divides_by_reciprocal, uses_libdevice
 
 #: The constants' slots, in order. They reach the kernel as a tensor of the env's dtype, not as
 #: Python floats: a float argument or literal may be rounded to float32 before it meets a
@@ -67,13 +66,6 @@ def pack_constants(
     """The :data:`CONSTANTS` tensor from ``values`` (every slot but ``inv_n_assets``, which is
     derived here: :func:`trimtab.kernels._eager.pack_constants`)."""
     return _eager.pack_constants(CONSTANTS, values, {"inv_n_assets": "n_assets"}, dtype, device)
-
-
-def uses_libdevice(device: torch.device) -> bool:
-    """Whether the kernel computes ``log1p`` with the GPU's libdevice (torch's CUDA ``log1p`` is
-    ``::log1p``, the same CUDA math library function), rather than from ``tl.log``: Triton's
-    interpreter runs no libdevice call."""
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
 # CONSTANTS' slots as compile-time indices (a jitted function reads globals only as constexprs)
