@@ -69,7 +69,7 @@ def test_one_fold_a_step_is_each_buffers_fold_after_its_check(tmp_path):
 
 
 @pytest.mark.gpu
-def test_the_fold_on_cuda_is_its_reference_without_sync(tmp_path):
+def test_the_fold_on_cuda_is_its_reference_without_sync(tmp_path, monkeypatch):
     """On CUDA the fold runs the kernel of ``update_log_and_raise`` (one launch, counted in
     ``tests/test_ema_kernel.py``): its threshold scales against the reference's on the same
     device (the torch path, as on the CPU), each step from the reference's state and scales
@@ -84,6 +84,12 @@ def test_the_fold_on_cuda_is_its_reference_without_sync(tmp_path):
         reference = AdaptiveEMA(len(WATCHED), device=dev)
     scales = torch.full((len(WATCHED),), math.nan, device=dev)
     g = torch.Generator().manual_seed(1)
+    from trimtab.kernels import ema as ema_kernels
+
+    launches = []  # the fold took the kernel, not a silent fallback to the torch path
+    launch = ema_kernels.ema_update_raise_triton
+    monkeypatch.setattr(ema_kernels, "ema_update_raise_triton",
+                        lambda *a, **k: launches.append(1) or launch(*a, **k))  # fmt: skip
     for step in range(60):
         scale = 10.0 ** (step // 15) if step < 45 else 1e-3  # up, then a drop the slots hold
         values = {n: (scale * torch.randn(64, generator=g)).to(dev) for n in WATCHED}
@@ -105,6 +111,7 @@ def test_the_fold_on_cuda_is_its_reference_without_sync(tmp_path):
         got = torch.stack([checks.state[f"{n}_scale"] for n in WATCHED])
         torch.testing.assert_close(got, scales, rtol=1e-4, atol=0, equal_nan=True,
                                    msg=lambda m, step=step: f"step {step}: {m}")  # fmt: skip
+    assert len(launches) == 60
 
 
 def test_gradients_are_checked_against_the_largest_clip_bound_this_fold(tmp_path):
