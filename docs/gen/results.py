@@ -92,7 +92,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
         ],
     ),
     "kernels": (
-        "Library kernels: EMA, quantiles, sentinel, optimizer",
+        "Library kernels: EMA, quantiles, sentinel, optimizer, env steps",
         "Each kernel against its PyTorch reference (bytes moved, GB/s), and the estimator's "
         "behaviour on banks of signals.",
         [
@@ -106,6 +106,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "sentinel_block_h100",
             "optim",
             "optim_h100",
+            "env_step",
         ],
     ),
 }
