@@ -244,7 +244,8 @@ class AdaptiveEMA:
 
     @property
     def nonfinite_count(self) -> torch.Tensor:
-        """Per slot, how many selected observations were NaN or ±Inf and ignored (int64)."""
+        """Per slot, how many selected observations were NaN or ±Inf and ignored (int64); of
+        :meth:`update_log`, +Inf only (its NaN, like its zero, is no observation at all)."""
         return self._t["nonfinite_count"]
 
     def reset(self) -> None:
@@ -314,7 +315,8 @@ class AdaptiveEMA:
         a tenfold move is one step of size log 10 whatever the scale, and the estimate is
         positive by construction, where on a linear scale the trend filters can extrapolate a
         tenfold drop below zero. A zero observation (log 0) is no observation, not a
-        non-finite one. ``impl`` as in :meth:`update`."""
+        non-finite one, and so is a NaN (it compares false: not counted in
+        :attr:`nonfinite_count`, where +Inf is). ``impl`` as in :meth:`update`."""
         self._check(obs, mask)
         if self._impl(impl, obs) == "triton":
             return self._update_triton(obs, mask, log=True)
@@ -384,6 +386,11 @@ class AdaptiveEMA:
                 f"index must have shape ({self.num_slots},) on {self.device}, one element of "
                 f"target per slot, got {tuple(index.shape)} on {index.device}"
             )
+        if index.device.type == "cpu":  # on the host, the range and distinctness cost no sync
+            n = target.numel()
+            if bool(((index < 0) | (index >= n)).any()) or index.unique().numel() < len(index):
+                raise ValueError(f"index must hold distinct elements of target, 0 to {n - 1}, "
+                                 f"got {index.tolist()}")  # fmt: skip
 
     def _check(self, obs: torch.Tensor, mask: torch.Tensor | None) -> None:
         if not isinstance(obs, torch.Tensor):
