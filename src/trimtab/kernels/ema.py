@@ -477,9 +477,11 @@ def ema_update_raise_triton(
     already validated (an index out of range is a memory error here: no check without a
     sync)."""
     _check_layout(state, EMA_FIELDS + EMA_BANK, "ema_update_raise_triton state")
-    if target.dtype != torch.float32 or target.dim() != 1:
-        raise ValueError(f"ema_update_raise_triton: target must be a float32 vector, got "
-                         f"{target.dtype} of shape {tuple(target.shape)}")  # fmt: skip
+    if target.dtype != torch.float32:
+        raise TypeError(f"ema_update_raise_triton: target must be float32, got {target.dtype}")
+    if target.dim() != 1:
+        raise ValueError(f"ema_update_raise_triton: target must be a vector, got shape "
+                         f"{tuple(target.shape)}")  # fmt: skip
     _launch_update(
         state, q_level, q_slope, obs, mask, obs, log=True,
         raise_to=(target, index, target.stride(0), float(z), float(cold_margin), int(cold_obs)),

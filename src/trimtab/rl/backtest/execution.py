@@ -109,6 +109,12 @@ class Costs:
     def borrow_per_bar(self) -> float:
         return self.borrow_pct / 100.0 / self.periods_per_year
 
+    @property
+    def has_carry(self) -> bool:
+        """Whether holding costs or earns anything (a cash or a borrow rate per bar): the carry
+        term is computed only then."""
+        return bool(self.cash_per_bar or self.borrow_per_bar)
+
     def with_turnover_bps(self, bps: float) -> Costs:
         """The same costs with ``bps`` all in per unit of turnover (as commission)."""
         return Costs(bps, 0.0, self.borrow_pct, self.cash_pct, self.periods_per_year)
@@ -188,7 +194,7 @@ def step_log_return(
     gross = torch.log1p((w_old * pre).sum(-1).clamp_min(floor))
     gross = gross + torch.log1p((w * post).sum(-1).clamp_min(floor))
     held = w_old if overnight_old else w
-    if costs.cash_per_bar or costs.borrow_per_bar:
+    if costs.has_carry:
         carry = costs.cash_per_bar * (1.0 - held.sum(-1))
         carry = carry - costs.borrow_per_bar * (-held).clamp_min(0.0).sum(-1)
         gross = gross + torch.log1p(carry)
@@ -220,7 +226,7 @@ def step_reward_parts(
     w, w_old = new_pos / n_assets, old_pos / n_assets
     floor = RUIN_EQUITY - 1.0
     parts = torch.log1p((w_old * pre).clamp_min(floor)) + torch.log1p((w * post).clamp_min(floor))
-    if costs.cash_per_bar or costs.borrow_per_bar:
+    if costs.has_carry:
         held = w_old if overnight_old else w
         carry = costs.cash_per_bar * (1.0 / n_assets - held)
         parts = parts + torch.log1p(carry - costs.borrow_per_bar * (-held).clamp_min(0.0))

@@ -174,7 +174,7 @@ class BatchedTradingEnv:
         tables = market_kernel.Tables(
             self.features.flatten(1).contiguous(), self.pre.contiguous(), self.post.contiguous(),
             self.levels, constants, self.window_len, self.fills.overnight_old,
-            bool(c.cash_per_bar or c.borrow_per_bar),  # as step_log_return's test
+            c.has_carry,  # as step_log_return's test
         )  # fmt: skip
         return market_kernel.launch_step, tables
 
