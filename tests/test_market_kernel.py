@@ -261,6 +261,26 @@ def test_a_wrong_action_is_refused_on_either_path(kernel_device, kernel, action,
     assert all(torch.equal(before[k], after[k]) for k in ("t", "position", "episode_return"))
 
 
+def test_an_action_out_of_range_is_a_nan_position_on_the_kernel_path(kernel_device):
+    """The reference refuses an index out of ``[-L, L)`` (an IndexError, or a device assert on
+    CUDA); the kernel cannot without a sync: the level is NaN, so are that env's position,
+    reward and observation (what the sentinel's env checks name); the other envs step as
+    the reference does, and a negative index in range counts from the end."""
+    ref, ker = _pair(3, 2, 2, torch.float64, kernel_device)
+    action = torch.tensor([[0, 2], [7, 1], [-1, -3]], device=ker.device)
+    if ref.device.type == "cpu":  # on CUDA the reference's refusal is a device assert, which
+        with pytest.raises(IndexError):  # would end the process's CUDA context
+            ref.step(action)
+    ref2, _ = _pair(3, 2, 2, torch.float64, kernel_device)
+    want = ref2.step(torch.tensor([[0, 2], [0, 1], [2, 0]], device=ker.device))
+    got = ker.step(action)
+    assert got.reward[1].isnan() and ker.position[1, 0].isnan() and got.final_obs[1, -2].isnan()
+    assert not ker.position[1, 1].isnan()
+    for i in (0, 2):
+        torch.testing.assert_close(got.reward[i], want.reward[i], rtol=1e-12, atol=0)
+        torch.testing.assert_close(ker.position[i], ref2.position[i], rtol=0, atol=0)
+
+
 def test_impl_none_keeps_the_reference_on_the_cpu():
     feats, fills = _market(1, 2, "next_open")
     env = BatchedTradingEnv(feats, fills, 3, WINDOW)

@@ -110,12 +110,15 @@ def _weight(level, c, RECIPROCAL: tl.constexpr):
 
 @triton.jit
 def _level(action, act_s0, act_s1, levels, n_levels, row, a, m):
-    """``levels[action[row, a]]``; a negative index counts from the end, as torch's does (an
-    index out of ``[-L, L)``, which the reference refuses, reads the nearest end)."""
+    """``levels[action[row, a]]``; a negative index counts from the end, as torch's does. An
+    index out of ``[-L, L)``, which the reference refuses, is a NaN level (no host check: that
+    would sync): the position, reward and observation turn NaN, which the sentinel's env
+    checks name."""
     idx = tl.load(action + row * act_s0 + a * act_s1, mask=m, other=0).to(tl.int64)
     idx = tl.where(idx < 0, idx + n_levels, idx)
-    idx = tl.minimum(tl.maximum(idx, 0), n_levels - 1)
-    return tl.load(levels + idx, mask=m, other=0.0)
+    inside = (idx >= 0) & (idx < n_levels)
+    level = tl.load(levels + idx, mask=m & inside, other=0.0)
+    return tl.where(inside, level, float("nan"))
 
 
 @triton.jit
