@@ -419,11 +419,10 @@ class AdaptiveEMA:
         tensors = [obs] if target is None else [obs, target]
 
         def why() -> str:
+            wants = "AdaptiveEMA: the kernel folds float32 observations into a float32 estimator"
             if target is None:
-                return (f"AdaptiveEMA: the kernel folds float32 observations into a float32 "
-                        f"estimator, got obs {obs.dtype} and state {self.dtype}")  # fmt: skip
-            return (f"AdaptiveEMA: the kernel folds float32 observations into a float32 "
-                    f"estimator and raises a float32 target, got obs {obs.dtype}, state "
+                return f"{wants}, got obs {obs.dtype} and state {self.dtype}"
+            return (f"{wants} and raises a float32 target, got obs {obs.dtype}, state "
                     f"{self.dtype} and target {target.dtype}")  # fmt: skip
 
         fits = all(t.dtype == torch.float32 for t in tensors) and self.dtype == torch.float32
