@@ -16,6 +16,7 @@ __all__ = [
     "c51_projection",
     "n_step_discounts",
     "n_step_returns",
+    "n_step_weights",
     "quantile_huber_loss",
 ]
 
@@ -122,15 +123,17 @@ def n_step_returns(rewards: Tensor, gamma: float) -> Tensor:
     n-step (or shorter) return of the transition at position ``i``. One matrix product, so an
     insertion into the replay buffer needs no loop over steps or envs.
     """
-    n = rewards.shape[-1]
-    k = torch.arange(n, device=rewards.device)
+    return rewards @ n_step_weights(rewards.shape[-1], gamma, rewards.dtype, rewards.device)
+
+
+def n_step_weights(n: int, gamma: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The ``[n, n]`` matrix of :func:`n_step_returns` (``rewards @ weights``): ``γ^{k−i}`` at
+    ``[k, i]`` where ``k >= i``, else 0. Constant for a buffer: the replay computes it once."""
+    k = torch.arange(n, device=device)
     lag = k.unsqueeze(1) - k.unsqueeze(0)  # lag[k, i] = k − i
     # torch.pow(number, tensor): γ travels as a kernel argument, no host-to-device copy
-    powers = torch.pow(gamma, lag.clamp_min(0).to(rewards.dtype))
-    weights = torch.where(
-        lag >= 0, powers, torch.zeros((), dtype=rewards.dtype, device=rewards.device)
-    )
-    return rewards @ weights
+    powers = torch.pow(gamma, lag.clamp_min(0).to(dtype))
+    return torch.where(lag >= 0, powers, torch.zeros((), dtype=dtype, device=device))
 
 
 def n_step_discounts(n_steps: Tensor, terminated: Tensor, gamma: float) -> Tensor:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trimtab.rl.agent.losses import n_step_discounts, n_step_returns
+from trimtab.rl.agent.losses import n_step_discounts, n_step_weights
 
 __all__ = ["ReplayBuffer"]
 
@@ -88,6 +88,15 @@ class ReplayBuffer:
         self._win: dict[str, Tensor] | None = None
         self._win_len: Tensor | None = None  # [n_envs]: how many trailing window slots are real
         self._env_index = torch.zeros(0, dtype=torch.int64, device=dev)  # arange(n_envs)
+        pos = torch.arange(n_step, device=dev)
+        self._consts = {  # what every n-step add reads and none changes
+            "rev": n_step - 1 - pos,  # a window slot is real where length > n - 1 - pos
+            "first": pos == 0,
+            "weights": n_step_weights(n_step, gamma, torch.float32, dev),
+            "powers": n_step_discounts(
+                n_step - pos, torch.zeros_like(pos, dtype=torch.bool), gamma
+            ),
+        }
         # γ^1 as n_step_discounts computes it (a float32 power), for the n_step = 1 path
         self._gamma32 = torch.pow(torch.tensor(gamma), torch.tensor(1.0)).to(dev)
 
@@ -145,44 +154,45 @@ class ReplayBuffer:
         terminated: Tensor,
         truncated: Tensor,
     ) -> None:
-        """The n-step path of :meth:`add` (valid for every ``n``; ``n = 1`` takes a shortcut)."""
+        """The n-step path of :meth:`add` (valid for every ``n``; ``n = 1`` takes a shortcut).
+        What does not change from step to step (the positions, the returns' weights, the
+        discounts' powers) was computed when the buffer was built: each add is fewer
+        operations, the same values (a GPU runs each as a kernel)."""
         windows, length = self._windows(obs.shape[0])
-        n_envs, n = obs.shape[0], self.n_step
+        n_envs, n, k = obs.shape[0], self.n_step, self._consts
         done = terminated | truncated.to(self.device, torch.bool)
 
         # 1. Push this step into each env's window, dropping the slot released last step.
         new = {"obs": obs, "action": action, "reward": reward}
         for key, value in new.items():
             win = windows[key]
-            win.copy_(torch.roll(win, shifts=-1, dims=1))
-            win[:, -1] = value.to(win.dtype)
+            win.copy_(torch.cat([win[:, 1:], value.to(win.dtype).unsqueeze(1)], dim=1))
         length.add_(1).clamp_max_(n)
 
         # 2. Return and discount of every pending transition if it left now.
-        pos = torch.arange(n, device=self.device)
-        valid = pos >= n - length.unsqueeze(1)  # [E, n]
+        valid = length.unsqueeze(1) > k["rev"]  # [E, n]: pos >= n - length
         if self.reward_parts:  # [E, n, D]: each branch's n-step return over the n axis
             rewards = torch.where(valid.unsqueeze(-1), windows["reward"], 0.0)
-            returns = n_step_returns(rewards.transpose(1, 2), self.gamma).transpose(1, 2)
+            returns = (rewards.transpose(1, 2) @ k["weights"]).transpose(1, 2)
         else:
             rewards = torch.where(valid, windows["reward"], 0.0)
-            returns = n_step_returns(rewards, self.gamma)  # [E, n]
-        discount = n_step_discounts(n - pos, terminated.unsqueeze(1), self.gamma)  # [E, n]
+            returns = rewards @ k["weights"]  # [E, n]: n_step_returns
+        # n_step_discounts(n - pos, terminated): γ^(n - pos), 0 after a termination
+        discount = torch.where(terminated.unsqueeze(1), 0.0, k["powers"])  # [E, n]
 
         # 3. Who leaves: everyone at an episode end, else the oldest once it has n rewards.
-        emit = valid & (done.unsqueeze(1) | (pos == 0))
+        emit = valid & (done.unsqueeze(1) | k["first"])
         self._write(
             emit.reshape(-1),
             obs=windows["obs"].reshape(n_envs * n, -1),
             action=windows["action"].reshape(n_envs * n, -1),
             reward=returns.reshape(n_envs * n, *self._reward_shape),
-            next_obs=next_obs.unsqueeze(1).expand(n_envs, n, -1).reshape(n_envs * n, -1),
             discount=discount.reshape(-1),
+            next_obs=next_obs.unsqueeze(1),  # one row per env, to each of its n destinations
         )
 
         # 4. An episode end empties the window; a full window has released its oldest slot.
-        full = length == n
-        length.copy_(torch.where(done, 0, torch.where(full, n - 1, length)))
+        length.clamp_max_(n - 1).masked_fill_(done, 0)  # length <= n: a full one drops to n - 1
 
     def _add_one_step(
         self, obs: Tensor, action: Tensor, reward: Tensor, next_obs: Tensor, terminated: Tensor
@@ -215,16 +225,21 @@ class ReplayBuffer:
         self._env_index = torch.arange(n_envs, device=dev)
 
     def _write(self, emit: Tensor, **rows: Tensor) -> None:
+        """``emit [E·n]``: which window slots leave; each of ``rows`` ``[E·n, ...]``, but
+        ``next_obs`` ``[E, 1, obs_dim]``: one row per env, broadcast over its ``n`` slots."""
         # Emitted rows go to consecutive ring positions; the rest land on the scratch row.
-        offset = emit.long().cumsum(0) - 1
-        dest = torch.where(emit, (self._ptr + offset) % self.capacity, self.capacity)
+        emitted = emit.cumsum(0, dtype=torch.int64)  # the last: how many leave
+        dest = torch.where(emit, (self._ptr + emitted - 1) % self.capacity, self.capacity)
         for key, value in rows.items():
             store = getattr(self, key)
-            store[dest] = value.to(store.dtype)
+            if key == "next_obs":
+                store[dest.view(value.shape[0], -1)] = value.to(store.dtype)
+            else:
+                store[dest] = value.to(store.dtype)
         if self.prioritized:
             self.priority[dest] = self._max_priority**self.alpha
             self.priority[self.capacity] = 0.0
-        count = emit.sum()
+        count = emitted[-1]
         self._ptr.add_(count).remainder_(self.capacity)
         self._size.add_(count).clamp_max_(self.capacity)
 
