@@ -9,6 +9,7 @@ Tables live in :mod:`trimtab.rl.report.tables`, plots in :mod:`trimtab.rl.report
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import multiprocessing
@@ -17,7 +18,7 @@ from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trimtab.rl.report.plots import PREFIXES, market_figure, market_plots, plot_prefix
+from trimtab.rl.report.plots import PREFIXES, market_figure, market_plots, plot_prefix, read_oos
 from trimtab.rl.report.plots import read_csv as _read_csv
 from trimtab.rl.report.tables import (
     FOLD_HEAD,
@@ -224,19 +225,44 @@ def _market_body(run: Path, summary: dict[str, Any], paths: list[Path], note: st
     )
 
 
+class _RunFiles:
+    """A run directory's report inputs, each file read once, on first use: one object serves
+    every plot drawn in one process."""
+
+    def __init__(self, run: Path, summary: dict[str, Any] | None = None) -> None:
+        self.run = run
+        if summary is not None:
+            self.summary = summary  # what the cached property would read
+
+    @functools.cached_property
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run / "summary.json").read_text())
+
+    @functools.cached_property
+    def metrics(self) -> dict[str, Any]:
+        return _read_csv(self.run / "metrics.csv")
+
+    @functools.cached_property
+    def oos(self) -> dict[str, Any]:
+        return read_oos(self.run)
+
+
 def draw_plot(run_dir: str, job: str) -> Path | None:
     """Draw one plot of a run's report into ``RUN_DIR/plots``: ``job`` a market plot's file name
     (:func:`~trimtab.rl.report.plots.market_plots`) or a training diagnostics prefix
     (:data:`~trimtab.rl.report.plots.PREFIXES`); returns the file written, or None where the
     run logged nothing for it. Reads the run directory's files itself, so that a worker process
     can draw it from the two strings."""
-    run = Path(run_dir)
-    summary = json.loads((run / "summary.json").read_text())
-    plots = run / "plots"
+    return _draw(_RunFiles(Path(run_dir)), job)
+
+
+def _draw(files: _RunFiles, job: str) -> Path | None:
+    """:func:`draw_plot` from ``files`` (what an earlier plot read is not read again)."""
+    plots = files.run / "plots"
     if job in PREFIXES:
-        folds = summary.get("folds") if _market(summary) else None
-        return plot_prefix(_read_csv(run / "metrics.csv"), job, plots, folds)
-    market_figure(run, summary, job).savefig(plots / job, dpi=110)
+        folds = files.summary.get("folds") if _market(files.summary) else None
+        return plot_prefix(files.metrics, job, plots, folds)
+    market_figure(files.run, files.summary, job, files.oos).savefig(plots / job, dpi=110)
     return plots / job
 
 
@@ -254,7 +280,8 @@ def build_report(run_dir: str | Path, pool: Executor | None = None) -> Path:
     summary = json.loads(summary_path.read_text())
     (run / "plots").mkdir(exist_ok=True)
     # every plot is one job, drawn here one after another or by pool's workers side by side
-    dated, note = market_plots(run, summary) if _market(summary) else ([], None)
+    files = _RunFiles(run, summary)  # in this process, each input file is read once
+    dated, note = market_plots(run, summary, files.oos) if _market(summary) else ([], None)
     metrics_path = run / "metrics.csv"
     logged = metrics_path.is_file() and metrics_path.stat().st_size > 0
     jobs = [*dated, *(PREFIXES if logged else ())]
@@ -266,7 +293,9 @@ def build_report(run_dir: str | Path, pool: Executor | None = None) -> Path:
         except BrokenExecutor as e:  # a worker died (killed, out of memory): draw them here
             warnings.warn(f"the report's plot workers failed ({e}); drawing the plots in this "
                           "process", RuntimeWarning, stacklevel=2)  # fmt: skip
-    done = dict(zip(jobs, drawn if drawn is not None else map(draw_plot, runs, jobs), strict=True))
+    if drawn is None:
+        drawn = [_draw(files, job) for job in jobs]
+    done = dict(zip(jobs, drawn, strict=True))
     training: list[Path | None] = [done[p] for p in PREFIXES if p in done]
     title = html.escape(run.name)
     env = (

@@ -16,7 +16,7 @@ import numpy as np
 from trimtab.rl.report.tables import SIMPLE, label, ordered
 
 __all__ = ["POOLED_PLOTS", "PREFIXES", "market_figure", "market_figures", "market_plots",
-           "plot_prefix", "read_csv"]  # fmt: skip
+           "plot_prefix", "read_csv", "read_oos"]  # fmt: skip
 
 PREFIXES = {
     "loss/": ("losses.png", "Training losses", "loss", True),
@@ -336,14 +336,21 @@ def _sharpe(v: float | None) -> str:
 POOLED_PLOTS = ("equity_pooled.png", "drawdowns.png", "positions.png")
 
 
-def market_plots(run: Path, summary: dict[str, Any]) -> tuple[list[str], str | None]:
+def read_oos(run: Path) -> dict[str, np.ndarray]:
+    """A run's pooled out-of-sample ``oos.csv`` by column; empty where there is none."""
+    path = run / "oos.csv"
+    return read_csv(path) if path.is_file() else {}
+
+
+def market_plots(
+    run: Path, summary: dict[str, Any], oos: dict[str, np.ndarray] | None = None
+) -> tuple[list[str], str | None]:
     """The dated plots a market run directory has the files for, by file name, in the report's
     order (:data:`POOLED_PLOTS`, then the per-fold ``equity.png``), and a note on what could
-    not be plotted (None if nothing)."""
+    not be plotted (None if nothing). ``oos``: the run's :func:`read_oos`, where already read."""
     names: list[str] = []
     note = None
-    path = run / "oos.csv"
-    cols = read_csv(path) if path.is_file() else {}
+    cols = read_oos(run) if oos is None else oos
     if cols and dates_of(cols.get("date")) is not None and "agent_log_return" in cols:
         names += POOLED_PLOTS
     else:
@@ -356,11 +363,14 @@ def market_plots(run: Path, summary: dict[str, Any]) -> tuple[list[str], str | N
     return names, note
 
 
-def market_figure(run: Path, summary: dict[str, Any], name: str) -> Any:
-    """The market plot ``name`` (one of :func:`market_plots`' names) of a run, as a figure."""
+def market_figure(
+    run: Path, summary: dict[str, Any], name: str, oos: dict[str, np.ndarray] | None = None
+) -> Any:
+    """The market plot ``name`` (one of :func:`market_plots`' names) of a run, as a figure;
+    ``oos`` as in :func:`market_plots`."""
     if name == "equity.png":
         return _plot_folds(run, summary)
-    oos = read_csv(run / "oos.csv")
+    oos = read_oos(run) if oos is None else oos
     x = dates_of(oos.get("date"))
     draw = {"equity_pooled.png": lambda: _plot_pooled_equity(run, oos, x),
             "drawdowns.png": lambda: _plot_drawdowns(oos, x),
@@ -371,8 +381,9 @@ def market_figure(run: Path, summary: dict[str, Any], name: str) -> Any:
 def market_figures(run: Path, summary: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The dated plots of a market run, by file name (pooled equity, drawdowns, positions,
     per-fold equity), and a note on what could not be plotted (None if nothing)."""
-    names, note = market_plots(run, summary)
-    return {name: market_figure(run, summary, name) for name in names}, note
+    oos = read_oos(run)
+    names, note = market_plots(run, summary, oos)
+    return {name: market_figure(run, summary, name, oos) for name in names}, note
 
 
 def plot_prefix(
