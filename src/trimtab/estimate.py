@@ -232,6 +232,10 @@ class AdaptiveEMA:
         all (NaN); NaN where the slot is unset. The sentinel's thresholds on the buffers it
         watches (:func:`trimtab.rl.agent.checks.watch_threshold`). No host sync."""
         _check_bound_args(z, cold_factor, cold_obs)
+        return self._upper_bound_log(z, cold_factor, cold_obs)
+
+    def _upper_bound_log(self, z: float, cold_factor: float, cold_obs: int) -> torch.Tensor:
+        """:meth:`upper_bound_log` on validated arguments."""
         sd = (self.noise_var + self.std_error.square()).sqrt()
         cold = math.log(cold_factor)
         margin = torch.where(self.count < cold_obs, torch.clamp(z * sd, min=cold), z * sd)
@@ -367,7 +371,7 @@ class AdaptiveEMA:
             return
         self._update_log_reference(obs, mask)
         held = target.index_select(0, index)
-        bound = self.upper_bound_log(z, cold_factor=cold_factor, cold_obs=cold_obs)
+        bound = self._upper_bound_log(z, cold_factor, cold_obs)
         raised = torch.fmax(held, bound.to(target.dtype))
         target.index_copy_(0, index, raised if mask is None else torch.where(mask, raised, held))
 
