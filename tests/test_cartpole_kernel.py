@@ -6,18 +6,13 @@ no host synchronisation, and captured in a CUDA graph. Then the choice of implem
 
 from __future__ import annotations
 
-import ast
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from _kernel_checks import assert_leaf, assert_runs_without_triton, compiled_ptx
 from trimtab.kernels import cartpole as cartpole_kernel
 from trimtab.rl.envs.cartpole import BatchedCartPole
 
@@ -212,20 +207,13 @@ def test_the_kernel_is_a_leaf_imported_only_when_chosen():
     """The kernel module imports nothing of trimtab but its sibling leaves in ``trimtab.kernels``
     (design invariant 8); a CPU env, which runs the reference, never imports Triton (STYLE:
     Triton loads lazily, on first kernel use)."""
-    tree = ast.parse(Path(cartpole_kernel.__file__).read_text())
-    mods = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-    mods += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert {m.split(".")[0] for m in mods} <= {"__future__", "collections", "torch", "triton",
-                                               "trimtab"}  # fmt: skip
-    assert all(m.startswith("trimtab.kernels") for m in mods if m.startswith("trimtab"))
+    assert_leaf(cartpole_kernel, {"__future__", "collections", "torch", "triton"})
     code = (
-        "import sys, torch\n"
+        "import torch\n"
         "from trimtab.rl.envs.cartpole import BatchedCartPole\n"
         "BatchedCartPole(3).step(torch.ones(3, dtype=torch.long))\n"
-        "assert 'triton' not in sys.modules\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    assert_runs_without_triton(code)
 
 
 # The kernel compiled for an H100 (sm_90) with the launch's options, on this machine (no GPU
@@ -260,12 +248,7 @@ def test_the_compiled_kernel_rounds_as_torch_does(kernel_device, tmp_path):
     if kernel_device.type == "cuda":
         pytest.skip("on a GPU the gpu tests compare the compiled kernel with torch bit for bit")
     pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
-    out = tmp_path / "ptx.json"
-    result = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env,
-                            capture_output=True, text=True)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    ptx = json.loads(out.read_text())
+    ptx = compiled_ptx(_COMPILE, tmp_path)
     loose = re.compile(r"\b(?:add|sub|mul)\.f(?:32|64)\b|\.approx\.|div\.full|\.ftz")
     for dt in ("fp64", "fp32"):
         assert not loose.findall(ptx[dt]), (dt, sorted(set(loose.findall(ptx[dt]))))

@@ -7,19 +7,14 @@ Then the choice of implementation, the kernel's imports and its compiled arithme
 
 from __future__ import annotations
 
-import ast
-import json
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from _kernel_checks import assert_leaf, assert_runs_without_triton, compiled_ptx
 from trimtab.kernels import market as market_kernel
 from trimtab.rl.backtest.execution import Costs, Fills
 from trimtab.rl.envs.trading import BatchedTradingEnv, StepResult, evaluate
@@ -308,21 +303,14 @@ def test_the_kernel_is_a_leaf_imported_only_when_chosen():
     """The kernel module imports nothing of trimtab but its sibling leaves in ``trimtab.kernels``
     (design invariant 8); a CPU env, which runs the reference, never imports Triton (STYLE:
     Triton loads lazily, on first kernel use)."""
-    tree = ast.parse(Path(market_kernel.__file__).read_text())
-    mods = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-    mods += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert {m.split(".")[0] for m in mods} <= {"__future__", "collections", "os", "typing",
-                                               "torch", "triton", "trimtab"}  # fmt: skip
-    assert all(m.startswith("trimtab.kernels") for m in mods if m.startswith("trimtab"))
+    assert_leaf(market_kernel, {"__future__", "collections", "os", "typing", "torch", "triton"})
     code = (
-        "import sys, torch\n"
+        "import torch\n"
         "from trimtab.rl.envs.trading import BatchedTradingEnv\n"
         "env = BatchedTradingEnv(torch.randn(9, 2, 1), torch.zeros(9, 2), 3, 4)\n"
         "env.step(torch.ones(3, 2, dtype=torch.long))\n"
-        "assert 'triton' not in sys.modules\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    assert_runs_without_triton(code)
 
 
 # The kernel compiled for an H100 (sm_90) with the launch's options, on this machine (no GPU
@@ -362,12 +350,7 @@ def test_the_compiled_kernel_rounds_as_torch_does(kernel_device, tmp_path):
     if kernel_device.type == "cuda":
         pytest.skip("on a GPU the gpu tests compare the compiled kernel with torch")
     pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
-    out = tmp_path / "ptx.json"
-    result = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env,
-                            capture_output=True, text=True)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    ptx = json.loads(out.read_text())
+    ptx = compiled_ptx(_COMPILE, tmp_path)
     loose = re.compile(r"\b(?:add|sub|mul)\.f(?:32|64)\b|\b\w+\.approx\.[\w.]+|div\.full|\.ftz")
     allowed = {"fp64": {"rcp.approx.ftz.f64", ".ftz"}, "fp32": set()}
     for dt, libdevice in (("fp64", "__nv_log1p."), ("fp32", "__nv_log1pf.")):
