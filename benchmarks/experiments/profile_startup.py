@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks
+from default_run import QUICK  # the default run's --quick settings
 from trimtab.benchmarking import benchmark_parser, child_env, invocation, provenance, save_record
 
-QUICK = ["walkforward.folds=2", "walkforward.steps_per_fold=30", "walkforward.learning_starts=64",
-         "data.synthetic_days=400"]  # fmt: skip
 #: What the child runs: ``trimtab``'s ``__main__`` with a timestamp at each boundary ("T name t").
 WRAPPER = """
 import atexit, runpy, sys, time
