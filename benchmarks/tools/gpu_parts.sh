@@ -11,6 +11,7 @@
 #   pop32     32 seeds of examples/cartpole_fast.toml as one population
 #   startup   where the default run's time outside its own timings goes (profile_startup.py)
 #   kernels   the library kernels' benchmarks (sentinel, quantile, optimizer); on an H200 only
+#   market    the market figure on the GPU: agent_vs_baselines.py --device cuda, seeds 0-9
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -60,6 +61,10 @@ for part in "$@"; do
       timeout 200 python3 benchmarks/bench_sentinel.py --device cuda --out "$out/sentinel.json" 2>&1 | tail -12
       timeout 200 python3 benchmarks/bench_quantile.py --out "$out/quantile.json" 2>&1 | tail -20
       timeout 200 python3 benchmarks/bench_optim.py --out "$out/optim.json" 2>&1 | tail -12 ;;
+    market)
+      timeout 420 python3 benchmarks/agent_vs_baselines.py --device cuda --seeds $(seq 0 9) \
+        --jobs 10 --runs /tmp/avb --out "$out/agent_vs_baselines.json" --key "n2_gpu_$c" \
+        2>&1 | tail -12 ;;
     *) echo "unknown part $part" ;;
   esac
 done
