@@ -34,6 +34,7 @@ def test_quick_compiles_the_regions_with_the_trunk_gradient_intact(load_bench, t
     assert set(rec["regions"]) == set(bench.REGIONS)
     row = rec["modes"]["off"]
     assert row["eager_ms"] > 0 and row["compiled_ms"] > 0
+    assert rec["inductor_startup_s"] > 0 and row["compile_s"] > 0
     assert row["ratio"] == pytest.approx(row["compiled_ms"] / row["eager_ms"])
     assert row["graphs"] >= 3 and row["graphs_while_timed"] == 0  # compiled, and only once
     steps = rec["warmup"] + rec["rounds"] * rec["steps"]

@@ -12,8 +12,9 @@ a fresh inductor cache and dynamo's caches reset per mode, so its first step is 
 compile). Both are warmed up, then timed in interleaved rounds (``--rounds`` rounds of
 ``--steps`` steps each, the order alternating; the median round, in this thread's CPU time).
 Reported per mode: eager and compiled ms a step, their ratio, the compiled learner's first step
-(the compile, wall seconds) and the largest |loss difference| between the two over the timed
-steps. Prints a table; ``--out`` adds a JSON record (machine, date, commit, the regions).
+(the compile, wall seconds; a tiny function compiled first pays the process's one-time start-up)
+and the largest |loss difference| between the two over the timed steps. Prints a table;
+``--out`` adds a JSON record (machine, date, commit, the regions).
 
 Only regions whose outputs the eager step differentiates through are compiled: the sentinel's
 hook on the trunk output (``Learner.guarded_step``) must still get its gradient. Compiled
@@ -95,6 +96,21 @@ def count_trunk_grads(m: dict[str, Any]) -> None:
         hook(g)
 
     checks.trunk_grad = counted
+
+
+def inductor_startup() -> float:
+    """Wall seconds of a tiny function's first compiled call: what the process's first compile
+    costs once (imports, the compile workers' start), kept out of each mode's compile time."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with (
+        tempfile.TemporaryDirectory(prefix="probe_compile_cpu_") as cache,
+        temporary_cache_dir(cache),
+    ):
+        fn = torch.compile(lambda x: torch.relu(2 * x + 1), dynamic=False)
+        t0 = time.perf_counter()
+        fn(torch.ones(8))
+        return time.perf_counter() - t0
 
 
 def _steps(m: dict[str, Any], n: int) -> list[Tensor]:
@@ -205,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "regions": {r: REGIONS[r] for r in args.regions}, "fill": fill, "warmup": warm,
         "steps": steps, "rounds": rounds, "modes": {},
     }  # fmt: skip
+    record["inductor_startup_s"] = inductor_startup()
     for mode in modes:
         row = probe_mode(_config(args.config, mode, sets), args.regions, fill, warm, steps, rounds)
         record["modes"][mode] = row
