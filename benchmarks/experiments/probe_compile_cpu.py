@@ -1,8 +1,8 @@
 """Whether ``torch.compile`` (inductor's CPU backend) makes the CPU learn step of
 ``examples/cartpole.toml`` cheaper, per stability mode, with every check of the step still fed.
 
-    python benchmarks/experiments/probe_compile_cpu.py [--config examples/cartpole.toml]
-        [--modes off adaptive] [--regions trunk head c51] [--steps 200] [--rounds 9]
+    python benchmarks/experiments/probe_compile_cpu.py [--config examples/cartpole.toml] \\
+        [--modes off adaptive] [--regions trunk head c51] [--steps 200] [--rounds 9] \\
         [--quick] [--out FILE --key NAME] [--note TEXT]
 
 One thread. Per mode, two learners are built alike (``profile_cpu_step.py``'s ``build``: the same

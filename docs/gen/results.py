@@ -37,6 +37,7 @@ PAGES: dict[str, tuple[str, str, list[str]]] = {
             "cartpole_weight_headroom",
             "cleanrl_cpu",
             "profile_cpu_step",
+            "probe_compile_cpu",
         ],
     ),
     "stability": (

@@ -33,6 +33,7 @@ SCRIPTS: dict[str, str] = {
     "probe_signal": "probe_signal",
     "probe_cpu_paths": "probe_cpu_paths",
     "probe_cartpole_ops": "probe_cartpole_ops",
+    "probe_compile_cpu": "probe_compile_cpu",  # before probe_compile: the first prefix wins
     "probe_compile": "probe_compile",
     "probe_histogram": "probe_histogram",
     "probe_warps": "probe_warps",
