@@ -136,6 +136,39 @@ def test_without_double_dqn_the_target_net_selects(dueling):
     torch.testing.assert_close(info["target_mean"], (p[:, 0] * z).sum(-1).mean())
 
 
+@pytest.mark.parametrize("iqn_weight", [0.5, 0.0])
+@pytest.mark.parametrize("split_reward", [False, True])
+def test_gamma_zero_targets_are_the_reward_and_skip_the_next_state(iqn_weight, split_reward):
+    """At γ = 0 the target is the reward's point mass: the same projected C51 target and IQN
+    samples as the general path's with every γ^k = 0 (to within the rounding of its softmax's
+    mass), with no forward of either network on x' and no next action."""
+    cfg = dataclasses.replace(SMALL, gamma=0.0, iqn_weight=iqn_weight)
+    fast = DQNAgent(3, [3, 3], cfg)
+    general = DQNAgent(3, [3, 3], dataclasses.replace(cfg, gamma=0.5))  # the same weights
+    batch = _batch(obs_dim=3, branches=2)
+    batch["discount"].zero_()  # γ^k = 0: what the general path computes at γ = 0
+    if split_reward:  # each branch its own part of the reward
+        batch["reward"] = torch.randn(16, 2, generator=torch.Generator().manual_seed(3))
+    batch["reward"][0] = 2.0  # a target on an atom, and one past the support's edge
+    batch["reward"][1] = 9.0
+    runs = []
+    for net in (fast.online, fast.target):
+        net.register_forward_hook(lambda m, i, out: runs.append(i[0].data_ptr()))
+    z = fast.atoms(torch.tensor(-1.0), torch.tensor(3.0))
+    v = (torch.full((2,), -1.0), torch.full((2,), 3.0))
+    got, want = fast.bellman_targets(batch, z), general.bellman_targets(batch, z)
+    assert batch["next_obs"].data_ptr() not in runs and got.next_action is None
+    assert torch.equal(got.bounded, want.bounded)  # G + 0 · (a finite value) is G
+    from trimtab.rl.agent.losses import c51_projection
+
+    m = c51_projection(got.tz, got.next_probs, *v)
+    torch.testing.assert_close(m, c51_projection(want.tz, want.next_probs, *v), rtol=0,
+                               atol=1e-6)  # fmt: skip
+    assert torch.equal(m.sum(-1), torch.ones(16, 2))  # all of the mass, exactly
+    _, info = fast.compute_loss(batch)
+    assert "next_action" not in info and torch.isfinite(info["loss"])
+
+
 def test_adam_eps_reaches_the_optimizer():
     seen = {}
 

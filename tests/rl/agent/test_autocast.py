@@ -4,6 +4,7 @@ trainer completes under it; a float16 overflow is named where it happens."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -67,9 +68,12 @@ def test_cli_flag_sets_run_autocast(value):
 @pytest.mark.parametrize("autocast", ["none", "bf16", "fp16"])
 def test_forwards_run_in_the_configured_precision(autocast):
     """On CPU the trunk's output (Linear, LayerNorm, ReLU) is in the low precision in every
-    forward: the training, next-state and target forwards of a step, and acting; weights,
-    gradients, the loss and the stability state stay float32."""
-    learner = _learner(tiny(Path("unused"), autocast=autocast, stability="off"))
+    forward: the training, next-state and target forwards of a step (γ > 0: the market's
+    default γ = 0 runs no next-state forward), and acting; weights, gradients, the loss and
+    the stability state stay float32."""
+    cfg = tiny(Path("unused"), autocast=autocast, stability="off")
+    cfg = dataclasses.replace(cfg, agent=dataclasses.replace(cfg.agent, gamma=0.9))
+    learner = _learner(cfg)
     stab, agent = learner.stability, learner.agent
     seen: list[torch.dtype] = []
     for net in (agent.online, agent.target):

@@ -142,7 +142,7 @@ def test_adaptive_support_grows_without_the_iqn_loss():
     """With ``iqn_weight = 0`` the reach of the C51 targets feeds the support slot (before,
     nothing did and the support stayed at its ±1e-3 floor); it grows toward r / (1 − γ)."""
     cfg = tiny(Path("unused"))
-    cfg = replace(cfg, agent=replace(cfg.agent, iqn_weight=0.0))
+    cfg = replace(cfg, agent=replace(cfg.agent, iqn_weight=0.0, gamma=0.9))  # the batch's γ
     learner = _learner(cfg)
     support = learner.stability.support
     batch = random_batch()

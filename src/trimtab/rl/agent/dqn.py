@@ -175,8 +175,8 @@ class Targets(NamedTuple):
     """The Bellman targets of a batch (no gradient), float32."""
 
     tz: Tensor  # [B, D, N] T z_j, projected onto the support by the loss
-    next_probs: Tensor  # [B, D, N] p(x', a*; θ⁻)
-    next_action: Tensor  # [B, D] a*
+    next_probs: Tensor  # [B, D, N] p(x', a*; θ⁻); at γ = 0 all of the mass on atom 0
+    next_action: Tensor | None  # [B, D] a*; None at γ = 0 (no next state is evaluated)
     bounded: Tensor  # what a target bound measures: IQN samples [B, T', D], or C51 reach [B, D]
 
 
@@ -207,6 +207,10 @@ class DQNAgent:
     5. ``L_IQN = ρ^κ`` between ``Z_τ(x, a_d; θ)`` and ``G + γ^k Z_τ'(x', a*_d; θ⁻)``
        (Dabney et al. 2018), averaged over branches
     6. ``L = mean_batch w · (L_C51 + iqn_weight · L_IQN)``; priorities are ``L_C51`` per sample.
+
+    At ``γ = 0`` (the market's default: a position is worth one bar) ``T z_j = G`` whatever
+    follows ``x'``, so step 1 is skipped and neither network runs on ``x'``: step 3 projects
+    ``G``'s point mass and step 5's samples are ``G`` (:meth:`bellman_targets`).
 
     ``autocast`` (``torch.bfloat16`` or ``torch.float16``; ``None`` = float32) runs every
     forward pass and the loss (training, target and acting forwards) under ``torch.autocast``;
@@ -376,6 +380,8 @@ class DQNAgent:
         n = batch["obs"].shape[0]
         # n-step return: shared by every branch [B], or each branch's own part [B, D]
         reward = batch["reward"].view(n, -1, 1)
+        if cfg.gamma == 0.0:
+            return self._reward_targets(reward, z)
         discount = batch["discount"].view(n, 1, 1)  # γ^k, or 0 after a termination
         next_obs = batch["next_obs"]
         # Double DQN: the online network selects a*, the target network evaluates it; without
@@ -394,6 +400,28 @@ class DQNAgent:
         else:
             bounded = tz.abs().amax(dim=-1)  # [B, D]
         return Targets(tz, next_probs.float(), next_action, bounded)
+
+    def _reward_targets(self, reward: Tensor, z: Tensor) -> Targets:
+        """:meth:`bellman_targets` at ``γ = 0``, where ``γ^k = 0`` for every transition: ``T z_j
+        = G + 0 · z_j = G`` on every atom, so the next state's values are multiplied by zero and
+        no network runs on ``x'`` (the target network's forward and Double DQN's online one, with
+        their IQN heads, are skipped). C51's target is the projection of ``G``'s point mass
+        (every ``T z_j`` is ``G``; all of the mass on one atom), IQN's ``N'`` samples are ``G``
+        each. The general path's targets to within rounding: there the mass is a softmax, whose
+        sum is 1 to within an ulp or so."""
+        cfg = self.config
+        n, branches, n_atoms = reward.shape[0], len(self.branch_sizes), z.shape[-1]
+        # T z_j = G, shaped as G + 0 · z is: [B, D, N] (one reward per sample: [B, 1, N]
+        # where z is one support for every branch)
+        tz = reward.expand(torch.broadcast_shapes(reward.shape, z.shape)).float()
+        mass = torch.zeros((n, branches, n_atoms), device=tz.device)
+        mass[..., 0] = 1.0  # the point mass: one atom carries all of it, the rest nothing
+        if cfg.iqn_weight > 0:
+            bounded = reward.view(n, 1, -1).expand(n, cfg.n_tau_target, branches).float()
+            bounded = bounded.contiguous()  # the target bound clamps it in place  [B, T', D]
+        else:
+            bounded = tz.abs().amax(dim=-1)  # [B, D]
+        return Targets(tz, mass, None, bounded)
 
     def loss(
         self,
@@ -426,8 +454,9 @@ class DQNAgent:
                 "q_mean": q_taken.mean(),
                 "target_mean": (target_probs * z).sum(dim=-1).mean(),
                 "priorities": c51.detach().float(),
-                "next_action": targets.next_action,
             }
+            if targets.next_action is not None:
+                info["next_action"] = targets.next_action
         return loss, info
 
     def compute_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
