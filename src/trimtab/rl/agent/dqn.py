@@ -55,7 +55,8 @@ class AgentConfig:
 
     # discount per env step; "auto" = 0 for the market (a position's value is the next bar's
     # return less the cost of moving to it: the horizon of a trade), 0.99 for other envs
-    # (resolved by TrainConfig; 0.99 for an agent built on its own). docs:
+    # (resolved by TrainConfig; 0.99 for an agent built on its own); at 0 the target is the
+    # reward and no network runs on the next state. docs:
     # guides/walk-forward.md#what-the-agent-was-given
     gamma: float | Literal["auto"] = "auto"
     n_step: int = 1  # steps summed before bootstrapping (1: the step's reward and a bootstrap)
