@@ -12,6 +12,7 @@
 #   startup   where the default run's time outside its own timings goes (profile_startup.py)
 #   kernels   the library kernels' benchmarks (sentinel, quantile, optimizer); on an H200 only
 #   market    the market figure on the GPU: agent_vs_baselines.py --device cuda, seeds 0-9
+#   threads   whether graph launches from several host threads overlap (probe_graph_branches.py)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -65,6 +66,9 @@ for part in "$@"; do
       timeout 420 python3 benchmarks/agent_vs_baselines.py --device cuda --seeds $(seq 0 9) \
         --jobs 10 --runs /tmp/avb --out "$out/agent_vs_baselines.json" --key "n2_gpu_$c" \
         2>&1 | tail -12 ;;
+    threads)
+      timeout 300 python3 benchmarks/experiments/probe_graph_branches.py --members 8 32 \
+        --threads 2 4 8 --out "$out/graph_branches.json" --key "threads_$c" 2>&1 | tail -12 ;;
     *) echo "unknown part $part" ;;
   esac
 done
