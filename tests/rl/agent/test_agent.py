@@ -167,6 +167,12 @@ def test_gamma_zero_targets_are_the_reward_and_skip_the_next_state(iqn_weight, s
     assert torch.equal(m.sum(-1), torch.ones(16, 2))  # all of the mass, exactly
     _, info = fast.compute_loss(batch)
     assert "next_action" not in info and torch.isfinite(info["loss"])
+    # the bound clamps the IQN samples in place: they never alias the reward that tz views,
+    # not even where one sample per branch makes the expansion a view of the same shape
+    one = DQNAgent(3, [3, 3], dataclasses.replace(cfg, n_tau_target=1))
+    reward, tz = batch["reward"].clone(), one.bellman_targets(batch, z)
+    tz.bounded.fill_(-123.0)
+    assert torch.equal(batch["reward"], reward) and not (tz.tz == -123.0).any()
 
 
 def test_adam_eps_reaches_the_optimizer():

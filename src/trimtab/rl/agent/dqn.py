@@ -418,8 +418,9 @@ class DQNAgent:
         mass = torch.zeros((n, branches, n_atoms), device=tz.device)
         mass[..., 0] = 1.0  # the point mass: one atom carries all of it, the rest nothing
         if cfg.iqn_weight > 0:
-            bounded = reward.view(n, 1, -1).expand(n, cfg.n_tau_target, branches).float()
-            bounded = bounded.contiguous()  # the target bound clamps it in place  [B, T', D]
+            bounded = reward.view(n, 1, -1).expand(n, cfg.n_tau_target, branches)
+            # a copy, always: the target bound clamps it in place, and ``tz`` views the reward
+            bounded = bounded.clone(memory_format=torch.contiguous_format).float()  # [B, T', D]
         else:
             bounded = tz.abs().amax(dim=-1)  # [B, D]
         return Targets(tz, mass, None, bounded)
