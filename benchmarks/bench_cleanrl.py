@@ -114,7 +114,14 @@ def run_cleanrl(cleanrl: Path, python: str, steps: int, seed: int, quick: bool) 
 
 
 def run_trimtab(
-    impl: str, mode: str, steps: int, seed: int, quick: bool, eval_episodes: int, runs: Path
+    impl: str,
+    mode: str,
+    steps: int,
+    seed: int,
+    quick: bool,
+    eval_episodes: int,
+    runs: Path,
+    extra: list[str] | None = None,
 ) -> dict[str, Any]:
     out = runs / f"trimtab-{impl}-{mode}-s{seed}"
     sets = [f"gym.total_steps={steps}", f"agent.eps_decay_steps={max(steps // 2, 1)}",
@@ -122,6 +129,7 @@ def run_trimtab(
             "run.threads=1"]  # fmt: skip
     if quick:
         sets.append("gym.learning_starts=1000")
+    sets += extra or []
     cmd = [sys.executable, "-m", "trimtab", "train", "--config", str(EXAMPLE), "--stability", mode,
            "--seed", str(seed), "--out", str(out), "--no-progress"]  # fmt: skip
     for s in sets:
@@ -223,6 +231,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=1, help="rounds, each running every side")
     p.add_argument("--eval-episodes", type=int, default=10, help="trimtab's greedy episodes")
     p.add_argument("--runs", type=Path, default=None, help="trimtab's run dirs (default: temp)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of examples/cartpole.toml on trimtab's side (repeatable; "
+                        "after the script's own, so it may replace them)")  # fmt: skip
     args = p.parse_args(argv)
     steps, episodes = (3000, 5) if args.quick else (args.steps, args.eval_episodes)
     problem = peer_problem(args.cleanrl, args.cleanrl_python)
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       args.quick)  # fmt: skip
                 else:
                     row = run_trimtab(side[1], side[2], steps, args.seed, args.quick, episodes,
-                                      runs / f"r{rep}")  # fmt: skip
+                                      runs / f"r{rep}", args.sets)  # fmt: skip
                 row["repeat"] = rep
                 rows.append(row)
                 failed = f" FAILED rc {row['rc']}: {row['error'][-400:]}" if "error" in row else ""
@@ -256,8 +267,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table(rows))
     command = " ".join(["benchmarks/bench_cleanrl.py", *(sys.argv[1:] if argv is None else argv)])
     record = {**provenance(), "threads": 1, "command": command, "steps": steps,
-              "seed": args.seed, "quick": args.quick, "cleanrl_skipped": problem,
-              "runs": rows}  # fmt: skip
+              "seed": args.seed, "quick": args.quick, "sets": args.sets,
+              "cleanrl_skipped": problem, "runs": rows}  # fmt: skip
     if args.out is not None:
         save_record(args.out, args.key, record)
     return record

@@ -19,7 +19,8 @@ def test_bench_cleanrl_quick(load_bench, tmp_path, capsys):
     python = os.environ.get("CLEANRL_PYTHON")
     peer = ["--cleanrl", str(PEER), "--cleanrl-python", python] if python else []
     out = tmp_path / "cleanrl.json"
-    args = ["--quick", "--modes", "off", "--runs", str(tmp_path / "runs"), "--out", str(out)]
+    args = ["--quick", "--modes", "off", "--runs", str(tmp_path / "runs"), "--out", str(out),
+            "--set", "env.n_envs=2"]  # fmt: skip
     record = bench.main([*args, *peer])
     printed = capsys.readouterr().out
     saved = next(iter(json.loads(out.read_text()).values()))
@@ -30,6 +31,9 @@ def test_bench_cleanrl_quick(load_bench, tmp_path, capsys):
         assert r["rc"] == 0 and r["env_steps_per_s"] > 0 and r["updates"] >= 200
         assert r["cpu_s"] > 0  # the run's process tree's CPU seconds
         assert 8 <= r["greedy"] <= 500 and 8 <= r["train_return_last100"] <= 500
+        # --set reaches trimtab's run (the example has 4 envs)
+        assert "n_envs = 2" in (Path(r["run_dir"]) / "config.toml").read_text()
+    assert saved["sets"] == ["env.n_envs=2"]
     if saved["cleanrl_skipped"]:
         assert "CleanRL peer skipped: " in printed and len(runs) == 2
     else:
