@@ -59,10 +59,10 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
 }
 CudaGraph = Literal["auto", "on", "off"]
 #: run.measure_every = "auto" on the CPU: learn steps per measurement
-#: of the adaptive bounds. Chosen by the CPU step's cost (at 8 the adaptive step costs at
-#: most 1.3x off's; docs: guides/stability.md#measuring-every-k-th-step-on-the-cpu), not by any
-#: return.
-CPU_MEASURE_EVERY = 8
+#: of the adaptive bounds. Chosen by the CPU step's cost (a measuring step costs about three
+#: times one that does not; docs: guides/stability.md#measuring-every-k-th-step-on-the-cpu),
+#: not by any return.
+CPU_MEASURE_EVERY = 16
 
 #: run.check_every's default: learn steps between host reads of the sentinel's flag (as
 #: run.log_every's default, so a default run reads the host no more often than it logs)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trimtab.cli import main
-from trimtab.rl.config import TrainConfig
+from trimtab.rl.config import CPU_MEASURE_EVERY, TrainConfig
 from trimtab.rl.configio import from_dict
 from trimtab.rl.train import TrainingInterrupted, train
 
@@ -55,7 +55,7 @@ def test_tiny_run_writes_every_output(tmp_path):
             "steps", "nonfinite"}  # fmt: skip
     assert len(saved["folds"]) == 2 and all(keys <= set(f) for f in saved["folds"])
     assert saved["halted"] is None and saved["stability"] == "adaptive"
-    assert saved["measure_every"] == 8  # "auto" on the CPU
+    assert saved["measure_every"] == CPU_MEASURE_EVERY  # "auto" on the CPU
     assert saved["folds"][0]["test_start"] > saved["folds"][0]["train_end"]  # out of sample
     # walkforward.train_window "expanding": fold 1 trains on fold 0's days and its test window
     assert saved["folds"][1]["train_start"] == saved["folds"][0]["train_start"]

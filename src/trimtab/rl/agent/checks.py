@@ -154,7 +154,7 @@ class Checks:
         #: folded together by :meth:`gradients`: one estimator update a step.
         self._pending: dict[str, Tensor] = {}
         #: The learn steps that measure the watched buffers (and fold them): the measured
-        #: bounds' cadence (``run.measure_every``; every step on CUDA, every 8th on the CPU in
+        #: bounds' cadence (``run.measure_every``; every step on CUDA, every 16th on the CPU in
         #: adaptive mode). Every step is checked against the thresholds in force either way.
         self.cadence = Cadence(measure_every, "the sentinel's watched thresholds")
         self._scale_index = torch.tensor(
