@@ -64,7 +64,7 @@ for part in "$@"; do
       timeout 200 python3 benchmarks/bench_optim.py --out "$out/optim.json" 2>&1 | tail -12 ;;
     market)
       timeout 420 python3 benchmarks/agent_vs_baselines.py --device cuda --seeds $(seq 0 9) \
-        --jobs 10 --runs /tmp/avb --out "$out/agent_vs_baselines.json" --key "n3_gpu_$c" \
+        --jobs 10 --runs /tmp/avb --out "$out/agent_vs_baselines.json" --key "n4_gpu_$c" \
         2>&1 | tail -12 ;;
     threads)
       timeout 300 python3 benchmarks/experiments/probe_graph_branches.py --members 8 32 \
