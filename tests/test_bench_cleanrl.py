@@ -31,7 +31,7 @@ def test_bench_cleanrl_quick(load_bench, tmp_path, capsys):
         assert r["rc"] == 0 and r["env_steps_per_s"] > 0 and r["updates"] >= 200
         assert r["cpu_s"] > 0  # the run's process tree's CPU seconds
         assert 8 <= r["greedy"] <= 500 and 8 <= r["train_return_last100"] <= 500
-        # --set reaches trimtab's run (the example has 4 envs)
+        # --set reaches trimtab's run (the example has 16 envs)
         assert "n_envs = 2" in (Path(r["run_dir"]) / "config.toml").read_text()
     assert saved["sets"] == ["env.n_envs=2"]
     if saved["cleanrl_skipped"]:
